@@ -61,7 +61,13 @@ def install_snapshot(
         staging = repo / "snapshots" / f".{commit}.partial"
         shutil.rmtree(staging, ignore_errors=True)
         shutil.copytree(source, staging)
-        os.replace(staging, snapshot)
+        try:
+            os.replace(staging, snapshot)
+        except OSError:
+            # Another process installed the same commit first: same bytes, keep theirs.
+            shutil.rmtree(staging, ignore_errors=True)
+            if not snapshot.is_dir():
+                raise
     refs = repo / "refs"
     refs.mkdir(parents=True, exist_ok=True)
     (refs / "main.partial").write_text(commit)

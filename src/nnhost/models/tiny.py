@@ -17,7 +17,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from .hfcache import install_snapshot
 
@@ -73,8 +73,17 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int):
     )
 
 
-def build_gpt2(spec: TinyGPT2Spec, corpus: Sequence[str] = DEFAULT_CORPUS):
-    """A randomly initialised GPT-2 LM and its tokenizer (in memory)."""
+def build_gpt2(
+    spec: TinyGPT2Spec,
+    corpus: Sequence[str] = DEFAULT_CORPUS,
+    *,
+    config_overrides: Optional[Mapping[str, Any]] = None,
+):
+    """A randomly initialised GPT-2 LM and its tokenizer (in memory).
+
+    ``config_overrides`` are extra `GPT2Config` fields (e.g. dropout rates for a
+    model that is going to be trained); by default GPT-2's own defaults apply.
+    """
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -89,6 +98,7 @@ def build_gpt2(spec: TinyGPT2Spec, corpus: Sequence[str] = DEFAULT_CORPUS):
         bos_token_id=eos,
         eos_token_id=eos,
         pad_token_id=eos,
+        **dict(config_overrides or {}),
     )
     torch.manual_seed(spec.seed)
     model = GPT2LMHeadModel(config)
@@ -97,12 +107,23 @@ def build_gpt2(spec: TinyGPT2Spec, corpus: Sequence[str] = DEFAULT_CORPUS):
 
 
 def save_to_cache(
-    model, tokenizer, repo_id: str, hf_home: Optional[os.PathLike] = None
+    model,
+    tokenizer,
+    repo_id: str,
+    hf_home: Optional[os.PathLike] = None,
+    *,
+    extra_files: Optional[Mapping[str, str]] = None,
 ) -> Path:
-    """`save_pretrained` both into the HF cache as ``repo_id``; returns the snapshot."""
+    """`save_pretrained` both into the HF cache as ``repo_id``; returns the snapshot.
+
+    ``extra_files`` maps file names to text written next to them (a marker such
+    as the demo model's recipe); they are part of the snapshot, so of its commit id.
+    """
     with tempfile.TemporaryDirectory() as folder:
         model.save_pretrained(folder, safe_serialization=True)
         tokenizer.save_pretrained(folder)
+        for name, text in (extra_files or {}).items():
+            Path(folder, name).write_text(text, encoding="utf-8")
         return install_snapshot(Path(folder), repo_id, hf_home)
 
 

@@ -1,0 +1,83 @@
+"""What every route needs: the server's parts, the caller's identity, client checks.
+
+Refusals here are written for the person reading them in their notebook: the
+nnsight client shows a 4xx ``detail`` verbatim.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from fastapi import HTTPException, Request, WebSocket
+
+from ..auth.keys import KeyProblem, Principal
+
+if TYPE_CHECKING:
+    from ..app import Server
+
+API_KEY_HEADER = "ndif-api-key"
+
+_HOW_TO_SET_KEY = (
+    "Set it in the environment (`export NDIF_API_KEY=<your key>`) or in Python "
+    "(`nnsight.CONFIG.set_default_api_key('<your key>')`), or run `nnsight login`."
+)
+
+
+def server_of(request: Request) -> "Server":
+    return request.app.state.server
+
+
+def server_of_socket(websocket: WebSocket) -> "Server":
+    return websocket.app.state.server
+
+
+def identify(server: "Server", key: Optional[str]) -> Optional[Principal]:
+    """The key's owner, or None (never raises): for routes that work anonymously."""
+    return server.keys.check(key).principal
+
+
+def require_principal(request: Request) -> Principal:
+    """The caller, or a 401/403 that says how to fix the key."""
+    server = server_of(request)
+    check = server.keys.check(request.headers.get(API_KEY_HEADER))
+    if check.principal is not None:
+        return check.principal
+    if check.problem is KeyProblem.MISSING:
+        raise HTTPException(401, f"This server needs an API key and none was sent. {_HOW_TO_SET_KEY}")
+    reasons = {
+        KeyProblem.UNKNOWN: "The API key sent is not known to this server",
+        KeyProblem.REVOKED: "The API key sent has been revoked",
+        KeyProblem.EXPIRED: "The API key sent has expired",
+        KeyProblem.DISABLED: "The account of the API key sent is disabled",
+    }
+    raise HTTPException(
+        403,
+        f"{reasons[check.problem]}. Get a new key from the server's operator or its "
+        f"key page, then use it: {_HOW_TO_SET_KEY}",
+    )
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split("."):
+        digits = "".join(c for c in piece if c.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+        if len(digits) != len(piece):
+            break
+    return tuple(parts)
+
+
+def check_client_version(request: Request) -> None:
+    """Refuse nnsight clients older than the server can serve (400 naming the minimum)."""
+    minimum = server_of(request).settings.min_nnsight_version
+    sent = request.headers.get("nnsight-version", "").strip()
+    if not sent:
+        return  # a client run from a source tree does not know its version
+    if _version_tuple(sent) < _version_tuple(minimum):
+        raise HTTPException(
+            400,
+            f"This server needs nnsight {minimum} or newer; your client is {sent}. "
+            "Upgrade with `pip install -U nnsight`.",
+        )

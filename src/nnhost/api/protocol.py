@@ -1,0 +1,157 @@
+"""The nnsight remote-execution protocol: /request, /subscribe, /response, /result.
+
+HTTP and websocket only: parse, authenticate, translate to and from the job
+service, and nothing else. See PROTOCOL.md for the contract these routes keep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi import APIRouter, HTTPException, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import FileResponse, JSONResponse
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+
+from ..deployments.catalog import InvalidModelKey
+from ..jobs.service import SessionNotOwned, Submission, UnknownModel
+from ..wire import RequestEnvelope
+from .deps import (
+    API_KEY_HEADER,
+    check_client_version,
+    identify,
+    require_principal,
+    server_of,
+    server_of_socket,
+)
+
+router = APIRouter()
+
+
+def _base_url(request: Request) -> str:
+    return str(request.base_url).rstrip("/")
+
+
+async def _read_form(request: Request, limit: int):
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise HTTPException(
+            413,
+            f"The request is {int(declared):,} bytes, over this server's limit of "
+            f"{limit:,} bytes. Send less data with one request (fewer or shorter "
+            "prompts, smaller tensors captured from your session).",
+        )
+    try:
+        return await request.form(max_files=2, max_fields=8)
+    except HTTPException:
+        raise
+    except Exception as error:
+        raise HTTPException(400, f"The request body is not a valid multipart form: {error}")
+
+
+def _parse_envelope(raw) -> Submission:
+    if not isinstance(raw, str):
+        raise HTTPException(422, "The form field 'data' is missing: it must hold the request's JSON.")
+    try:
+        envelope = RequestEnvelope.model_validate_json(raw)
+    except ValidationError as error:
+        fields = "; ".join(
+            f"{'.'.join(str(p) for p in issue['loc']) or 'data'}: {issue['msg']}"
+            for issue in error.errors()
+        )
+        raise HTTPException(422, f"The form field 'data' is not a valid request: {fields}")
+    return Submission(
+        model_key=envelope.model_key,
+        session_id=envelope.session_id,
+        compress=envelope.compress,
+        env=envelope.env,
+    )
+
+
+@router.post("/request")
+async def submit_request(request: Request):
+    server = server_of(request)
+    check_client_version(request)
+    principal = require_principal(request)
+    form = await _read_form(request, server.settings.max_request_bytes)
+    submission = _parse_envelope(form.get("data"))
+    upload = form.get("blob")
+    if not isinstance(upload, UploadFile):
+        raise HTTPException(422, "The form file 'blob' is missing: it must hold the serialized trace.")
+    blob = await upload.read()
+    if not blob:
+        raise HTTPException(422, "The form file 'blob' is empty.")
+    try:
+        job = await server.jobs.submit(principal, submission, blob, _base_url(request))
+    except InvalidModelKey as error:
+        raise HTTPException(422, f"The request's model_key is invalid: {error}")
+    except UnknownModel as error:
+        raise HTTPException(404, str(error))
+    except SessionNotOwned as error:
+        raise HTTPException(403, str(error))
+    response = server.jobs.response(job, _base_url(request))
+    return JSONResponse(json.loads(response.model_dump_json()))
+
+
+@router.get("/response/{job_id}")
+async def job_response(job_id: str, request: Request):
+    server = server_of(request)
+    principal = require_principal(request)
+    job = server.jobs.store.get(job_id)
+    if job is None or job.user_id != principal.user_id:
+        raise HTTPException(404, f"No job {job_id} for this API key.")
+    response = server.jobs.response(job, _base_url(request))
+    return JSONResponse(json.loads(response.model_dump_json()))
+
+
+@router.get("/result/{job_id}")
+async def job_result(job_id: str, request: Request, expires: int = 0, sig: str = ""):
+    server = server_of(request)
+    if not server.signer.verify(job_id, expires, sig):
+        raise HTTPException(
+            403, "This result link is invalid or has expired. Poll the job again for a fresh link."
+        )
+    job = server.jobs.store.get(job_id)
+    if job is None or job.result_expires_at is None or not server.results.exists(job_id):
+        raise HTTPException(410, "This result is no longer kept on the server. Run the request again.")
+    return FileResponse(
+        server.results.path(job_id),
+        media_type="application/octet-stream",
+        filename=f"{job_id}.result",
+    )
+
+
+@router.websocket("/subscribe")
+async def subscribe(websocket: WebSocket):
+    server = server_of_socket(websocket)
+    principal = identify(server, websocket.headers.get(API_KEY_HEADER))
+    await websocket.accept()
+    session = server.bus.open(principal.user_id if principal else None)
+    receiver = getter = None
+    try:
+        await websocket.send_text(json.dumps({"session_id": session.id}))
+        # Wait on two things at once: the next update for this session, and the
+        # client going away (so a closed session stops collecting updates).
+        receiver = asyncio.ensure_future(websocket.receive())
+        while True:
+            if getter is None:
+                getter = asyncio.ensure_future(session.queue.get())
+            done, _ = await asyncio.wait({receiver, getter}, return_when=asyncio.FIRST_COMPLETED)
+            if getter in done:
+                frame, getter = getter.result(), None
+                if isinstance(frame, bytes):
+                    await websocket.send_bytes(frame)
+                else:
+                    await websocket.send_text(frame)
+            if receiver in done:
+                if receiver.result().get("type") == "websocket.disconnect":
+                    break
+                receiver = asyncio.ensure_future(websocket.receive())
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        pass
+    finally:
+        server.bus.close(session.id)
+        for task in (receiver, getter):
+            if task is not None:
+                task.cancel()

@@ -1,0 +1,68 @@
+"""Service endpoints: /status, /env, /whoami, /ping.
+
+``nnsight.status()`` and ``is_model_running()`` read /status, ``nnsight.compare()``
+reads /env, ``nnsight login`` / ``whoami`` read /whoami.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import lru_cache
+from importlib.metadata import distributions, packages_distributions
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
+
+from .deps import API_KEY_HEADER, identify, server_of
+
+router = APIRouter()
+
+
+@lru_cache(maxsize=1)
+def installed_packages() -> dict[str, str]:
+    """Installed distributions keyed by the name one imports them by.
+
+    Only installed distributions: modules that merely sit on the server's path
+    are the server's own business and are not listed.
+    """
+    imports_of: dict[str, list[str]] = {}
+    for import_name, dist_names in packages_distributions().items():
+        if import_name.startswith("_"):
+            continue
+        for dist_name in dist_names:
+            imports_of.setdefault(dist_name, []).append(import_name)
+    packages: dict[str, str] = {}
+    for dist in distributions():
+        name = dist.metadata["Name"]
+        if not name:
+            continue
+        for import_name in imports_of.get(name) or [name]:
+            packages[import_name] = dist.version
+    return dict(sorted(packages.items()))
+
+
+@router.get("/ping", response_class=PlainTextResponse)
+async def ping() -> str:
+    return "pong"
+
+
+@router.get("/status")
+async def status(request: Request) -> dict:
+    server = server_of(request)
+    deployments = server.deployments.status()
+    for name, entry in deployments.items():
+        entry["queued"] = server.scheduler.waiting(name)
+    return {"deployments": deployments}
+
+
+@router.get("/env")
+async def env() -> dict:
+    return {"python_version": sys.version, "packages": installed_packages()}
+
+
+@router.get("/whoami")
+async def whoami(request: Request) -> dict:
+    principal = identify(server_of(request), request.headers.get(API_KEY_HEADER))
+    if principal is None:
+        return {"email": None, "tags": []}
+    return {"email": principal.email, "tags": list(principal.tags)}

@@ -1,0 +1,169 @@
+"""The composition root: build every part of the server and wire them together.
+
+Nothing else constructs the store, the bus, the scheduler, the deployment
+manager or the job service; they receive each other here. The FastAPI app's
+lifespan starts the replicas, recovers jobs left by a previous run, sweeps
+expired results, and stops everything on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from fastapi import FastAPI
+
+from .auth.keys import KeyStore
+from .config import Settings
+from .deployments.catalog import Catalog, ModelSpec
+from .deployments.manager import DeploymentManager
+from .jobs.events import EventBus
+from .jobs.scheduler import Scheduler
+from .jobs.service import JobService
+from .jobs.store import JobStore, connect
+from .models.hfcache import find_snapshot
+from .storage.results import BlobDir, LinkSigner
+
+log = logging.getLogger("nnhost")
+
+ADMIN_EMAIL = "admin@localhost"
+
+
+@dataclass
+class Server:
+    """Every part of a running server, for the routes to reach."""
+
+    settings: Settings
+    catalog: Catalog
+    keys: KeyStore
+    bus: EventBus
+    scheduler: Scheduler
+    results: BlobDir
+    signer: LinkSigner
+    jobs: JobService
+    deployments: DeploymentManager
+
+
+def parse_model(text: str) -> ModelSpec:
+    """``org/name`` or ``org/name@revision`` from the command line."""
+    repo_id, _, revision = text.partition("@")
+    return ModelSpec(repo_id=repo_id, revision=revision or None)
+
+
+def ensure_admin(keys: KeyStore, api_key: Optional[str]) -> Optional[str]:
+    """Make sure someone can use a new server; returns a newly made key to show once."""
+    admin = keys.user_by_email(ADMIN_EMAIL)
+    if api_key:
+        if admin is None:
+            admin_id = keys.add_user(ADMIN_EMAIL, ("admin",))
+        else:
+            admin_id = admin.user_id
+        if not keys.has_key(api_key):
+            keys.create_key(admin_id, name="--api-key", key=api_key)
+        return None
+    if keys.user_count() == 0:
+        admin_id = keys.add_user(ADMIN_EMAIL, ("admin",))
+        return keys.create_key(admin_id, name="first start")
+    return None
+
+
+def worker_environ(settings: Settings, catalog: Catalog) -> dict:
+    """Environment for worker processes: the model cache, and offline when it can be."""
+    environ = {"HF_HOME": str(settings.hf_home)}
+    cached = all(
+        find_snapshot(spec.repo_id, spec.revision, settings.hf_home) is not None for spec in catalog
+    )
+    if cached:
+        # Every model is on disk: don't let the loaders reach for the network.
+        environ["HF_HUB_OFFLINE"] = "1"
+    return environ
+
+
+def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
+    from .api import hub, protocol, service
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loop = asyncio.get_running_loop()
+        connection = connect(settings.database_path)
+        keys = KeyStore(connection)
+        new_key = ensure_admin(keys, settings.api_key)
+        if new_key:
+            app.state.new_admin_key = new_key
+            print(
+                f"\n  A new API key for {ADMIN_EMAIL} (shown once, stored hashed):\n\n"
+                f"    export NDIF_API_KEY={new_key}\n",
+                flush=True,
+            )
+        store = JobStore(connection)
+        bus = EventBus()
+        scheduler = Scheduler()
+        results = BlobDir(settings.data_dir / "results", ".result")
+        payloads = BlobDir(settings.data_dir / "payloads", ".payload")
+        signer = LinkSigner.from_file(settings.data_dir / "secrets" / "link-signing.key")
+        jobs: Optional[JobService] = None
+
+        def on_job_event(name, event):
+            jobs.on_job_event(name, event)
+
+        def on_ready(name):
+            jobs.on_ready(name)
+
+        deployments = DeploymentManager(
+            catalog,
+            loop=loop,
+            on_job_event=on_job_event,
+            on_ready=on_ready,
+            worker_environ=worker_environ(settings, catalog),
+            torch_threads=settings.torch_threads,
+            kill_grace=settings.kill_grace,
+        )
+        jobs = JobService(settings, store, bus, scheduler, deployments, payloads, results, signer)
+        jobs.recover()
+        app.state.server = Server(
+            settings, catalog, keys, bus, scheduler, results, signer, jobs, deployments
+        )
+        deployments.start()
+
+        async def sweep() -> None:
+            while True:
+                try:
+                    removed = jobs.sweep_results()
+                    if removed:
+                        log.info("deleted %d expired results", removed)
+                except Exception:
+                    log.exception("result sweep failed")
+                await asyncio.sleep(min(60.0, max(1.0, settings.result_retention / 4)))
+
+        sweeper = asyncio.create_task(sweep())
+        # Result frames are torch.save'd; import torch now, off the loop, rather
+        # than making the first user's COMPLETED wait for it.
+        warmup = asyncio.create_task(asyncio.to_thread(__import__, "torch"))
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            warmup.cancel()
+            await asyncio.to_thread(deployments.stop)
+            connection.close()
+
+    app = FastAPI(title="nnhost", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.include_router(protocol.router)
+    app.include_router(service.router)
+
+    def resolve(repo_id: str, revision: Optional[str]) -> Optional[Path]:
+        if not catalog.hosts_repo(repo_id):
+            return None
+        return find_snapshot(repo_id, revision, settings.hf_home)
+
+    app.include_router(
+        hub.create_hub_router(resolve, serve_weights=settings.hub_serve_weights), prefix="/hub"
+    )
+    return app

@@ -1,0 +1,124 @@
+"""The ``nnhost`` command: serve models, build the demo model.
+
+``nnhost serve MODEL_ID ...`` runs the API process and one worker process per
+model; ``nnhost serve --demo`` builds (once) and serves the offline demo model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .config import load_settings
+
+    settings = load_settings(
+        {
+            "host": args.host,
+            "port": args.port,
+            "data_dir": args.data_dir,
+            "api_key": args.api_key,
+            "time_limit": args.time_limit,
+            "kill_grace": args.kill_grace,
+            "public_url": args.public_url,
+            "torch_threads": args.torch_threads,
+            "demo": args.demo or None,
+            "models": args.models or None,
+        },
+        Path(args.config) if args.config else None,
+    )
+    # Workers, the Hub mirror and the demo builder must agree on one model cache.
+    os.environ.setdefault("HF_HOME", str(settings.hf_home))
+
+    from .app import create_app, parse_model
+    from .deployments.catalog import Catalog
+
+    specs = [parse_model(text) for text in settings.models]
+    if settings.demo:
+        from .models.demo import DEMO_REPO_ID, build_demo_model
+
+        print(f"Preparing the demo model {DEMO_REPO_ID} ...", flush=True)
+        build_demo_model(settings.hf_home, progress=lambda line: print(f"  {line}", flush=True))
+        if not any(spec.repo_id == DEMO_REPO_ID for spec in specs):
+            specs.append(parse_model(DEMO_REPO_ID))
+    if not specs:
+        print(
+            "nnhost serve: name at least one model to serve (e.g. `nnhost serve "
+            "openai-community/gpt2`), or use --demo for the offline demo model.",
+            file=sys.stderr,
+        )
+        return 2
+
+    import uvicorn
+
+    app = create_app(settings, Catalog(specs))
+    url = settings.public_url or f"http://{settings.host}:{settings.port}"
+    print(
+        "\nnnhost is starting. In the shell where you run nnsight:\n\n"
+        f"    export NDIF_HOST={url}\n"
+        f"    export HF_ENDPOINT={url}/hub\n"
+        "    export NDIF_API_KEY=<the key printed below on first start, or your own>\n\n"
+        f"Serving: {', '.join(spec.name for spec in specs)}. Data: {settings.data_dir}\n",
+        flush=True,
+    )
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=args.log_level,
+        ws_max_size=1 << 30,
+        timeout_graceful_shutdown=10,
+    )
+    return 0
+
+
+def _demo_model(args: argparse.Namespace) -> int:
+    from .config import load_settings
+    from .models.demo import DEMO_REPO_ID, build_demo_model
+
+    settings = load_settings({"data_dir": args.data_dir})
+    snapshot = build_demo_model(settings.hf_home, progress=lambda line: print(line, flush=True))
+    print(f"{DEMO_REPO_ID} is ready at {snapshot}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nnhost", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="Run the server.")
+    serve.add_argument("models", nargs="*", metavar="MODEL_ID", help="org/name[@revision] to serve")
+    serve.add_argument("--demo", action="store_true", help="build and serve the offline demo model")
+    serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default 8001)")
+    serve.add_argument("--data-dir", default=None, help="database, results and model cache")
+    serve.add_argument("--config", default=None, help="a TOML file (default DATA_DIR/nnhost.toml)")
+    serve.add_argument("--api-key", default=None, help="accept this key for the admin user")
+    serve.add_argument("--time-limit", type=float, default=None, help="seconds per request")
+    serve.add_argument(
+        "--kill-grace", type=float, default=None, help="seconds past the limit before a kill"
+    )
+    serve.add_argument("--public-url", default=None, help="base URL clients reach us at")
+    serve.add_argument("--torch-threads", type=int, default=None, help="threads per worker")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(run=_serve)
+
+    demo = commands.add_parser("demo-model", help="Build the offline demo model into the cache.")
+    demo.add_argument("--data-dir", default=None)
+    demo.set_defaults(run=_demo_model)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""One `Settings` object for the whole server.
+
+Precedence, lowest first: the defaults here, ``nnhost.toml`` in the data
+directory (or ``--config``), ``NNHOST_*`` environment variables, then
+command-line flags. Every part of the server reads its knobs from here, so
+there is one place to see what can be tuned.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8001
+    data_dir: Path = Path("./nnhost-data")
+    #: Repo ids served (each may be "org/name" or "org/name@revision").
+    models: list[str] = field(default_factory=list)
+    #: Build and serve the offline demo model.
+    demo: bool = False
+    #: A key to accept for the admin user (else one is generated on first start).
+    api_key: Optional[str] = None
+    #: Public base URL for result links when behind a proxy (else taken from the request).
+    public_url: Optional[str] = None
+    #: Seconds one request may run.
+    time_limit: float = 3600.0
+    #: Seconds past the time limit before a worker that ignores the interrupt is killed.
+    kill_grace: float = 10.0
+    #: Results up to this size ride inline on the websocket; larger ones go by link.
+    inline_result_bytes: int = 1 * MiB
+    #: Largest result kept (0: no limit).
+    max_result_bytes: int = 4096 * MiB
+    #: Largest request body accepted.
+    max_request_bytes: int = 256 * MiB
+    #: Seconds a result stays downloadable.
+    result_retention: float = 24 * 3600.0
+    #: Threads torch may use in each worker (0: torch's default).
+    torch_threads: int = 0
+    #: Largest number of LOG lines forwarded from one job.
+    max_log_lines: int = 10_000
+    #: Oldest nnsight client accepted.
+    min_nnsight_version: str = "0.8.0"
+    #: Serve weight files from the Hub mirror as well as configs and tokenizers.
+    hub_serve_weights: bool = False
+
+    @property
+    def database_path(self) -> Path:
+        return self.data_dir / "nnhost.sqlite3"
+
+    @property
+    def hf_home(self) -> Path:
+        """Where models are cached: HF_HOME if set, else a folder of the data dir."""
+        explicit = os.environ.get("HF_HOME")
+        return Path(explicit) if explicit else self.data_dir / "huggingface"
+
+
+def _coerce(kind: Any, value: Any) -> Any:
+    text = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+    if isinstance(value, str):
+        if "bool" in text:
+            return value.strip().lower() in ("1", "true", "yes", "on")
+        if "int" in text:
+            return int(value)
+        if "float" in text:
+            return float(value)
+        if "list" in text:
+            return [part for part in value.split(",") if part]
+        if "Path" in text:
+            return Path(value)
+    if "Path" in text and value is not None:
+        return Path(value)
+    return value
+
+
+def load_settings(overrides: dict[str, Any], config_file: Optional[Path] = None) -> Settings:
+    """Build the settings from defaults < toml < environment < ``overrides`` (flags)."""
+    values: dict[str, Any] = {}
+    known = {f.name: f.type for f in fields(Settings)}
+    data_dir = overrides.get("data_dir") or os.environ.get("NNHOST_DATA_DIR") or Settings.data_dir
+    config_file = config_file or Path(data_dir) / "nnhost.toml"
+    if config_file.is_file():
+        with open(config_file, "rb") as file:
+            table = tomllib.load(file)
+        for name, value in table.get("server", table).items():
+            if name in known:
+                values[name] = _coerce(known[name], value)
+    for name, kind in known.items():
+        env = os.environ.get(f"NNHOST_{name.upper()}")
+        if env is not None:
+            values[name] = _coerce(kind, env)
+    for name, value in overrides.items():
+        if value is not None and name in known:
+            values[name] = _coerce(known[name], value)
+    settings = Settings(**values)
+    settings.data_dir = Path(settings.data_dir).expanduser().resolve()
+    return settings

@@ -1,0 +1,127 @@
+"""The models this server may serve, and how a client's model key finds one.
+
+The client names a model with a key ``"import.path.Class:{json}"`` whose JSON
+carries the repo id, revision, task and, when set, ``trust_remote_code``. Two
+spellings of the same deployment must meet: ``null`` and ``"main"`` are the
+same revision, and key order in the JSON is irrelevant. `ModelKey` is that
+normalised identity; `ModelSpec` is an operator's entry for one model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+#: The class every Hugging Face transformers model is keyed by (LanguageModel
+#: is a deprecated alias that keys itself as this class).
+TRANSFORMERS_CLASS = "nnsight.modeling.transformers.TransformersModel"
+
+
+class InvalidModelKey(ValueError):
+    """The client's model key cannot be parsed."""
+
+
+@dataclass(frozen=True)
+class ModelKey:
+    """The identity of a deployment, as far as a client's key can name it."""
+
+    model_class: str
+    repo_id: str
+    revision: str = "main"
+    task: Optional[str] = None
+    trust_remote_code: bool = False
+
+    @classmethod
+    def parse(cls, key: str) -> "ModelKey":
+        if not isinstance(key, str) or ":" not in key:
+            raise InvalidModelKey(
+                f"model_key {key!r} is not of the form 'import.path.Class:{{json}}'."
+            )
+        model_class, raw = key.split(":", 1)
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise InvalidModelKey(f"model_key's JSON part is invalid: {error}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("repo_id"), str):
+            raise InvalidModelKey("model_key's JSON part must be an object with a 'repo_id'.")
+        revision = data.get("revision") or "main"
+        task = data.get("task")
+        if not isinstance(revision, str) or not (task is None or isinstance(task, str)):
+            raise InvalidModelKey("model_key's 'revision' and 'task' must be strings.")
+        return cls(
+            model_class=model_class,
+            repo_id=data["repo_id"],
+            revision=revision,
+            task=task,
+            trust_remote_code=bool(data.get("trust_remote_code", False)),
+        )
+
+    def describe(self) -> str:
+        parts = [self.repo_id]
+        if self.revision != "main":
+            parts.append(f"@{self.revision}")
+        if self.task:
+            parts.append(f" ({self.task})")
+        return "".join(parts)
+
+
+@dataclass
+class ModelSpec:
+    """One model the operator allows, and how to load it."""
+
+    repo_id: str
+    revision: Optional[str] = None
+    task: str = "text-generation"
+    model_class: str = TRANSFORMERS_CLASS
+    trust_remote_code: bool = False
+    #: Extra keyword arguments for the model class at load (e.g. ``{"dtype": "bfloat16"}``).
+    load_kwargs: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.repo_id if not self.revision else f"{self.repo_id}@{self.revision}"
+
+    @property
+    def key(self) -> ModelKey:
+        return ModelKey(
+            self.model_class,
+            self.repo_id,
+            self.revision or "main",
+            self.task,
+            self.trust_remote_code,
+        )
+
+    def model_key(self) -> str:
+        """The key the worker loads from, in the form the client mints it."""
+        data: dict = {"repo_id": self.repo_id, "revision": self.revision}
+        if self.trust_remote_code:
+            data["trust_remote_code"] = True
+        data["task"] = self.task
+        return f"{self.model_class}:{json.dumps(data)}"
+
+
+class Catalog:
+    """The set of models served, looked up by a client's key."""
+
+    def __init__(self, specs: Iterable[ModelSpec]) -> None:
+        self.specs: dict[str, ModelSpec] = {}
+        for spec in specs:
+            if spec.name in self.specs:
+                raise ValueError(f"model {spec.name!r} is listed twice")
+            self.specs[spec.name] = spec
+
+    def __iter__(self):
+        return iter(self.specs.values())
+
+    def match(self, key: ModelKey) -> Optional[ModelSpec]:
+        for spec in self.specs.values():
+            if spec.key == key:
+                return spec
+        return None
+
+    def hosts_repo(self, repo_id: str) -> bool:
+        return any(spec.repo_id == repo_id for spec in self.specs.values())
+
+    def describe(self) -> str:
+        return ", ".join(spec.key.describe() for spec in self.specs.values()) or "none"

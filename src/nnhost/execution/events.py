@@ -1,0 +1,60 @@
+"""What crosses the seam between a replica process and the rest of nnhost.
+
+A worker receives a `JobSpec` and answers with `JobEvent`s. Both are plain
+dataclasses of JSON-native fields, so the same shapes can travel over a
+multiprocessing pipe today and a Ray actor call tomorrow.
+
+Nothing here knows about HTTP, websockets or the job database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class JobSpec:
+    """Everything a worker needs to run one request."""
+
+    job_id: str
+    #: Where the serialized trace lies (written by the API process).
+    payload_path: str
+    #: The payload is zstd-compressed, and the result must be too.
+    compress: bool
+    #: Per-request model environment (`_remoteable_set_env`).
+    env: dict = field(default_factory=dict)
+    #: Where to write the result blob (the worker writes it directly).
+    result_path: str = ""
+    #: Seconds of execution allowed.
+    time_limit: float = 3600.0
+    #: Largest result blob the server will keep, in bytes (0 = no limit).
+    max_result_bytes: int = 0
+    #: At most this many LOG lines are forwarded from one job.
+    max_log_lines: int = 10_000
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class JobEvent:
+    """One thing that happened to a job inside a replica.
+
+    ``status`` is a lifecycle name (``RUNNING``, ``COMPLETED``, ``ERROR``) or
+    ``LOG``. On COMPLETED, ``result_size`` is the byte size of the blob written
+    at the spec's ``result_path``.
+    """
+
+    job_id: str
+    status: str
+    description: str = ""
+    meta: Optional[dict] = None
+    result_size: Optional[int] = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "JobEvent":
+        return cls(**data)

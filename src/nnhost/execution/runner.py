@@ -1,0 +1,393 @@
+"""Running one request against a loaded model, inside a replica process.
+
+The mechanism, from the nnsight client's side of the contract: the payload is a
+pickled tracer plus the traced block's source; `RequestModel.deserialize`
+rebuilds the tracer against *our* live model (the model's persistent ids
+resolve to the loaded modules), and ``tracer.execute`` runs the block exactly as
+the user's own machine would have. What the block marked with ``.save()`` is
+found in the tracer's frame afterwards, by identity in this thread's saved set.
+
+Around that core this module adds what a shared server needs: the request's
+model environment applied and then restored, ``print()`` turned into LOG events
+as it happens, a time limit that interrupts even a pure-Python loop, the cost of
+the run (`meta`), the result written straight to the result store, and errors
+reported with the user's own traceback rather than ours.
+
+It must never talk to the network, the database or the API: it receives a
+`JobSpec` and reports through a callback.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any, Callable, Iterator, Optional
+
+from .capture import capture_stdout
+from .events import JobEvent, JobSpec
+
+Emit = Callable[[JobEvent], None]
+
+
+class JobTimeout(BaseException):
+    """Raised in the job's thread when its time limit passes.
+
+    A BaseException, so a user's ``except Exception`` cannot swallow it; a user
+    who catches BaseException is dealt with by the replica, which kills the
+    process once a grace period has passed.
+    """
+
+
+class UserError(Exception):
+    """A failure to report to the user as is (no traceback of ours)."""
+
+
+# --- time limit -------------------------------------------------------------
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise `JobTimeout` in this (main) thread after ``seconds``."""
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise JobTimeout()
+
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# --- cost of a run ----------------------------------------------------------
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class MemoryMeter:
+    """Peak memory a job adds on top of what was resident before it started.
+
+    On CUDA the allocator keeps the exact peak; on the CPU a sampling thread
+    reads the resident set size, which is what the machine actually pays.
+    """
+
+    def __init__(self, interval: float = 0.005) -> None:
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.baseline = 0
+        self.peak = 0
+        self.cuda_baseline = 0
+        self.cuda = False
+
+    def __enter__(self) -> "MemoryMeter":
+        import torch
+
+        self.cuda = torch.cuda.is_available()
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.cuda_baseline = torch.cuda.memory_allocated()
+        self.baseline = self.peak = _rss_bytes()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.peak = max(self.peak, _rss_bytes())
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.peak = max(self.peak, _rss_bytes())
+
+    def report(self) -> dict:
+        meta = {"peak_memory_bytes": max(0, self.peak - self.baseline)}
+        if self.cuda:
+            import torch
+
+            meta["peak_gpu_memory_bytes"] = max(
+                0, torch.cuda.max_memory_allocated() - self.cuda_baseline
+            )
+        return meta
+
+
+# --- tracebacks -------------------------------------------------------------
+
+
+def _server_roots() -> tuple[str, ...]:
+    """Folders whose frames are the server's business, not the user's."""
+    roots = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.add(os.path.abspath(path))
+    roots.update(os.path.abspath(p) for p in sys.path if "site-packages" in p)
+    return tuple(sorted(roots))
+
+
+_SERVER_ROOTS = _server_roots()
+
+
+def _is_users_frame(filename: str) -> bool:
+    if filename.startswith("<frozen"):
+        return False
+    return not os.path.abspath(filename).startswith(_SERVER_ROOTS)
+
+
+def user_traceback(error: BaseException) -> str:
+    """The exception as the user would see it locally: only their own frames.
+
+    The block's source was registered in `linecache` by the deserializer under
+    the user's filename, so those frames show the user's lines.
+    """
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if _is_users_frame(frame.filename)
+    ]
+    lines = []
+    if frames:
+        lines.append("Traceback (most recent call last):\n")
+        lines.extend(traceback.format_list(frames))
+    lines.extend(traceback.format_exception_only(type(error), error))
+    return "".join(lines).rstrip("\n")
+
+
+# --- isolation between requests ----------------------------------------------
+
+
+@contextmanager
+def forget_sources() -> Iterator[None]:
+    """Run a job with none of the previous jobs' source code in memory.
+
+    nnsight reads a traced block's source by file name and line, and caches the
+    text (``SOURCES``) and the compiled block (``BLOCKS``) for the life of the
+    process. On a client that is one program; on a server it is every user's
+    program under whatever file names they happen to have, so a second request
+    from ``/home/me/script.py`` would find the first one's source, or another
+    user's block compiled at the same line. The deserializer registers each
+    request's source in ``linecache``; we drop all three before and after each job.
+    """
+    import linecache
+
+    from nnsight.tracing.globals import BLOCKS, SOURCES
+
+    def clear() -> None:
+        SOURCES.clear()
+        BLOCKS.clear()
+        linecache.clearcache()
+
+    clear()
+    try:
+        yield
+    finally:
+        clear()
+
+
+# --- results ----------------------------------------------------------------
+
+
+def _detach(value: Any) -> Any:
+    """Values as the client can load them: tensors detached from the server's graph.
+
+    A saved activation may still hang off this run's autograd graph (a user
+    opted into gradients); pickling it would drag the graph along, or fail.
+    """
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.requires_grad and not value.is_leaf:
+            return value.detach().requires_grad_(True)
+        return value
+    if isinstance(value, dict):
+        return {key: _detach(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_detach(item) for item in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_detach(item) for item in value)
+    return value
+
+
+def serialize_result(saves: dict, compress: bool) -> bytes:
+    """The result blob: ``torch.save`` of the saved values, zstd when asked."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save({name: _detach(value) for name, value in saves.items()}, buffer, pickle_protocol=4)
+    data = buffer.getvalue()
+    if compress:
+        import zstandard
+
+        data = zstandard.ZstdCompressor(level=3, threads=0).compress(data)
+    return data
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = f"{path}.partial"
+    with open(partial, "wb") as file:
+        file.write(data)
+    os.replace(partial, path)
+
+
+# --- the run ----------------------------------------------------------------
+
+
+class Runner:
+    """Runs requests one at a time against one loaded nnsight model."""
+
+    def __init__(self, model: Any, unpickler: Optional[type] = None) -> None:
+        self.model = model
+        self.unpickler = unpickler
+        self.persistent_objects = model._remoteable_persistent_objects()
+        # What every request starts from; a request's env is undone afterwards
+        # so it can never leak into the next user's run.
+        self.default_env = model._remoteable_get_env()
+
+    def run(self, spec: JobSpec, emit: Emit) -> None:
+        """Run ``spec`` to completion, reporting RUNNING, LOG, then COMPLETED or ERROR."""
+        with forget_sources():
+            self._run(spec, emit)
+
+    def _run(self, spec: JobSpec, emit: Emit) -> None:
+        started = time.perf_counter()
+        meta: dict = {}
+        try:
+            tracer = self._deserialize(spec)
+            self._apply_env(spec.env)
+            emit(JobEvent(spec.job_id, "RUNNING", "Running your request."))
+            with MemoryMeter() as meter:
+                execution_started = time.perf_counter()
+                try:
+                    saves = self._execute(tracer, spec, emit)
+                finally:
+                    meta["runtime"] = round(time.perf_counter() - execution_started, 6)
+            meta.update(meter.report())
+            data = serialize_result(saves, spec.compress)
+            meta["result_bytes"] = len(data)
+            if spec.max_result_bytes and len(data) > spec.max_result_bytes:
+                raise UserError(
+                    f"The result is {len(data):,} bytes, over this server's limit of "
+                    f"{spec.max_result_bytes:,} bytes. Save less: only the tensors you "
+                    "need, sliced to the positions you need (e.g. "
+                    "`model.layer.output[:, -1].save()`)."
+                )
+            write_atomically(spec.result_path, data)
+            meta["total_seconds"] = round(time.perf_counter() - started, 6)
+            names = ", ".join(sorted(saves)) or "nothing"
+            emit(
+                JobEvent(
+                    spec.job_id,
+                    "COMPLETED",
+                    f"Completed in {meta['runtime']:.3f}s; saved {names} "
+                    f"({len(data):,} bytes).",
+                    meta=meta,
+                    result_size=len(data),
+                )
+            )
+        except JobTimeout:
+            meta["total_seconds"] = round(time.perf_counter() - started, 6)
+            emit(
+                JobEvent(
+                    spec.job_id,
+                    "ERROR",
+                    f"Your request exceeded this server's time limit of "
+                    f"{spec.time_limit:g} seconds and was stopped. Shorten it (fewer "
+                    "tokens, fewer invokes) or split it into several requests.",
+                    meta=meta,
+                )
+            )
+        except UserError as error:
+            meta["total_seconds"] = round(time.perf_counter() - started, 6)
+            emit(JobEvent(spec.job_id, "ERROR", str(error), meta=meta))
+        except Exception as error:
+            meta["total_seconds"] = round(time.perf_counter() - started, 6)
+            emit(JobEvent(spec.job_id, "ERROR", user_traceback(error), meta=meta))
+        finally:
+            self._restore_env()
+
+    def _deserialize(self, spec: JobSpec) -> Any:
+        from nnsight.schema.request import RequestModel
+
+        with open(spec.payload_path, "rb") as file:
+            blob = file.read()
+        kwargs = {} if self.unpickler is None else {"unpickler": self.unpickler}
+        try:
+            return RequestModel.deserialize(
+                blob, self.persistent_objects, spec.compress, **kwargs
+            )
+        except Exception as error:
+            raise UserError(
+                "The server could not read your request: "
+                f"{type(error).__name__}: {error}. "
+                + _deserialize_hint(error)
+            ) from error
+
+    def _apply_env(self, env: dict) -> None:
+        try:
+            self.model._remoteable_set_env(env or {})
+        except Exception as error:
+            raise UserError(f"Could not apply the request's model settings {env!r}: {error}")
+
+    def _restore_env(self) -> None:
+        try:
+            self.model._remoteable_set_env(self.default_env)
+        except Exception:
+            # The default env was accepted at load time; failing now means the
+            # model is in a state we cannot vouch for, so let the worker die
+            # and be restarted rather than serve the next user from it.
+            raise
+
+    def _execute(self, tracer: Any, spec: JobSpec, emit: Emit) -> dict:
+        from nnsight.tracing.tracer import _saves, dec, inc
+
+        def log(line: str) -> None:
+            emit(JobEvent(spec.job_id, "LOG", line))
+
+        with capture_stdout(log, spec.max_log_lines), time_limit(spec.time_limit):
+            inc()
+            try:
+                tracer.execute(tracer.info.code)
+                saved_ids = _saves()
+                return {
+                    name: value
+                    for name, value in tracer.info.frame.f_locals.items()
+                    if id(value) in saved_ids
+                }
+            finally:
+                dec()
+
+
+def _deserialize_hint(error: BaseException) -> str:
+    if isinstance(error, ModuleNotFoundError):
+        return (
+            "Code from a module that is not installed on the server must be sent "
+            "with the request: call `nnsight.register(your_module)` before tracing."
+        )
+    if "zstd" in type(error).__module__ or "Zstd" in type(error).__name__:
+        return "The payload is not valid zstd data although the request said `compress`."
+    return "Check that your nnsight version matches the server's (`nnsight.compare()`)."

@@ -1,0 +1,76 @@
+"""A job and the rules of its lifecycle.
+
+A job moves RECEIVED -> QUEUED -> DISPATCHED -> RUNNING -> COMPLETED | ERROR,
+possibly through PROVISIONING / DEPLOYING while its model is brought up, and can
+fail (ERROR) from any state that is not final. Anything else is a bug in the
+caller, and `check_transition` says so rather than recording an impossible
+history. LOG is not a state: it is a message about a job and never changes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Optional
+
+
+class Status(str, Enum):
+    RECEIVED = "RECEIVED"
+    QUEUED = "QUEUED"
+    PROVISIONING = "PROVISIONING"
+    DEPLOYING = "DEPLOYING"
+    DISPATCHED = "DISPATCHED"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    ERROR = "ERROR"
+    LOG = "LOG"
+
+    @property
+    def final(self) -> bool:
+        return self in (Status.COMPLETED, Status.ERROR)
+
+
+_WAITING = {Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING}
+
+ALLOWED: dict[Status, set[Status]] = {
+    Status.RECEIVED: _WAITING | {Status.ERROR},
+    Status.QUEUED: _WAITING | {Status.DISPATCHED, Status.ERROR},
+    Status.PROVISIONING: _WAITING | {Status.DISPATCHED, Status.ERROR},
+    Status.DEPLOYING: _WAITING | {Status.DISPATCHED, Status.ERROR},
+    # A worker that died before starting the job sends it back to the queue.
+    Status.DISPATCHED: {Status.RUNNING, Status.QUEUED, Status.ERROR},
+    Status.RUNNING: {Status.COMPLETED, Status.ERROR},
+    Status.COMPLETED: set(),
+    Status.ERROR: set(),
+}
+
+
+class InvalidTransition(RuntimeError):
+    pass
+
+
+def check_transition(current: Status, new: Status) -> None:
+    if new not in ALLOWED[current]:
+        raise InvalidTransition(f"a job cannot go from {current.value} to {new.value}")
+
+
+@dataclass
+class Job:
+    """The durable record of one request."""
+
+    id: str
+    user_id: int
+    model_key: str
+    deployment: str
+    session_id: str = ""
+    compress: bool = False
+    env: dict = field(default_factory=dict)
+    status: Status = Status.RECEIVED
+    description: str = ""
+    meta: Optional[dict] = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    #: The URL base the client reached us at, for result links.
+    base_url: str = ""
+    result_size: Optional[int] = None
+    result_expires_at: Optional[float] = None

@@ -1,0 +1,127 @@
+"""Running a real nnhost server in a subprocess, for tests and benchmarks.
+
+`ServerProcess` starts ``nnhost serve`` on a free loopback port with its own
+data directory, waits until every deployment reports RUNNING, and stops it by
+PID. Tests and benchmarks drive it with the real nnsight client, so what they
+measure is what a user gets.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(
+        self,
+        models: Sequence[str],
+        *,
+        data_dir: Path,
+        hf_home: Path,
+        api_key: str,
+        extra_args: Sequence[str] = (),
+        env: Optional[dict] = None,
+        log_path: Optional[Path] = None,
+        port: Optional[int] = None,
+    ) -> None:
+        self.models = list(models)
+        self.data_dir = Path(data_dir)
+        self.hf_home = Path(hf_home)
+        self.api_key = api_key
+        self.extra_args = list(extra_args)
+        self.env = dict(env or {})
+        self.port = port or free_port()
+        self.log_path = log_path or self.data_dir / "server.log"
+        self.process: Optional[subprocess.Popen] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 180.0) -> "ServerProcess":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "HF_HOME": str(self.hf_home), "HF_HUB_OFFLINE": "1", **self.env}
+        command = [
+            sys.executable,
+            "-m",
+            "nnhost.cli",
+            "serve",
+            *self.models,
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+            "--api-key",
+            self.api_key,
+            "--log-level",
+            "warning",
+            *self.extra_args,
+        ]
+        self._log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        self.wait_running(timeout)
+        return self
+
+    def status(self) -> dict:
+        return httpx.get(f"{self.url}/status", timeout=5).json()
+
+    def wait_running(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"nnhost exited early; see {self.log_path}:\n{self.log_tail()}")
+            try:
+                deployments = self.status()["deployments"]
+                if deployments and all(
+                    d["application_state"] == "RUNNING" for d in deployments.values()
+                ):
+                    return
+            except (httpx.HTTPError, KeyError, ValueError):
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"nnhost did not become ready; see {self.log_path}:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=timeout)
+        self._log.close()
+        self.process = None
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

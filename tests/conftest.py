@@ -1,0 +1,104 @@
+"""Shared fixtures: a small test model, a real nnhost server, and the nnsight client.
+
+The client side is set up the way a user's laptop would be: ``NDIF_HOST`` and
+``NDIF_API_KEY`` name the server, ``HF_ENDPOINT`` points at the server's Hub
+mirror, and ``HF_HOME`` is an empty folder, so the client builds its meta model
+from what the server serves, with no Hub id cache prefill. These variables are
+read when nnsight and huggingface_hub are imported, hence set here, before any
+test module imports them.
+
+Results are compared with the same code run locally against the same weights,
+loaded straight from the server's cache folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from nnhost.testing import ServerProcess, free_port
+
+TEST_REPO = "nnhost-test/tiny-gpt2"
+API_KEY = "nnh_test_" + "k" * 40
+#: Short, so the time-limit tests are quick; every other test runs in well under it.
+TIME_LIMIT = 8
+KILL_GRACE = 3
+
+_ROOT = Path(tempfile.mkdtemp(prefix="nnhost-tests-"))
+_PORT = free_port()
+SERVER_URL = f"http://127.0.0.1:{_PORT}"
+
+os.environ["NDIF_HOST"] = SERVER_URL
+os.environ["NDIF_API_KEY"] = API_KEY
+os.environ["HF_ENDPOINT"] = f"{SERVER_URL}/hub"
+os.environ["HF_HOME"] = str(_ROOT / "client-hf")
+os.environ.pop("HF_HUB_OFFLINE", None)
+os.environ["NNSIGHT_CONFIG"] = str(_ROOT / "client-nnsight.yaml")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_ROOT, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def root() -> Path:
+    return _ROOT
+
+
+@pytest.fixture(scope="session")
+def server_hf_home() -> Path:
+    return _ROOT / "server-hf"
+
+
+@pytest.fixture(scope="session")
+def test_snapshot(server_hf_home) -> Path:
+    from nnhost.models.tiny import build_tiny_gpt2
+
+    return build_tiny_gpt2(TEST_REPO, hf_home=server_hf_home)
+
+
+@pytest.fixture(scope="session")
+def server(root, server_hf_home, test_snapshot):
+    process = ServerProcess(
+        [TEST_REPO],
+        data_dir=root / "server-data",
+        hf_home=server_hf_home,
+        api_key=API_KEY,
+        port=_PORT,
+        extra_args=["--time-limit", str(TIME_LIMIT), "--kill-grace", str(KILL_GRACE)],
+    )
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def remote_model(server):
+    """The model as a user builds it: a meta model, described by the server's Hub mirror."""
+    import warnings
+
+    from nnsight import LanguageModel
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return LanguageModel(TEST_REPO)
+
+
+@pytest.fixture(scope="session")
+def local_model(test_snapshot):
+    """The same weights loaded in this process, for the local side of each comparison."""
+    import warnings
+
+    from nnsight import LanguageModel
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = LanguageModel(str(test_snapshot), dispatch=True)
+    for parameter in model._module.parameters():
+        parameter.requires_grad_(False)
+    return model
