@@ -72,6 +72,15 @@ def ensure_admin(keys: KeyStore, api_key: Optional[str]) -> Optional[str]:
     return None
 
 
+def prepare_admin_key(settings: Settings) -> Optional[str]:
+    """Before serving: make the admin's first key if there is nobody yet (shown once)."""
+    connection = connect(settings.database_path)
+    try:
+        return ensure_admin(KeyStore(connection), settings.api_key)
+    finally:
+        connection.close()
+
+
 def worker_environ(settings: Settings, catalog: Catalog) -> dict:
     """Environment for worker processes: the model cache, and offline when it can be."""
     environ = {"HF_HOME": str(settings.hf_home)}
@@ -94,14 +103,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
         loop = asyncio.get_running_loop()
         connection = connect(settings.database_path)
         keys = KeyStore(connection)
-        new_key = ensure_admin(keys, settings.api_key)
-        if new_key:
-            app.state.new_admin_key = new_key
-            print(
-                f"\n  A new API key for {ADMIN_EMAIL} (shown once, stored hashed):\n\n"
-                f"    export NDIF_API_KEY={new_key}\n",
-                flush=True,
-            )
+        ensure_admin(keys, settings.api_key)
         store = JobStore(connection)
         bus = EventBus()
         scheduler = Scheduler()

@@ -35,7 +35,7 @@ def _serve(args: argparse.Namespace) -> int:
     # Workers, the Hub mirror and the demo builder must agree on one model cache.
     os.environ.setdefault("HF_HOME", str(settings.hf_home))
 
-    from .app import create_app, parse_model
+    from .app import create_app, parse_model, prepare_admin_key
     from .deployments.catalog import Catalog
 
     specs = [parse_model(text) for text in settings.models]
@@ -57,12 +57,29 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     app = create_app(settings, Catalog(specs))
+    new_key = prepare_admin_key(settings)
     url = settings.public_url or f"http://{settings.host}:{settings.port}"
+    if new_key:
+        key_line = f"    export NDIF_API_KEY={new_key}   # shown once; stored hashed\n"
+    elif settings.api_key:
+        key_line = f"    export NDIF_API_KEY={settings.api_key}\n"
+    else:
+        key_line = (
+            "    export NDIF_API_KEY=<your key>   # a new one: "
+            f"nnhost keys create --data-dir {settings.data_dir}\n"
+        )
+    example = settings.models[0] if settings.models else "nnhost/demo-gpt2"
     print(
-        "\nnnhost is starting. In the shell where you run nnsight:\n\n"
+        "\nnnhost is starting. In the shell where you run nnsight, paste:\n\n"
         f"    export NDIF_HOST={url}\n"
-        f"    export HF_ENDPOINT={url}/hub\n"
-        "    export NDIF_API_KEY=<the key printed below on first start, or your own>\n\n"
+        f"{key_line}"
+        f"    export HF_ENDPOINT={url}/hub\n\n"
+        "Then, in Python:\n\n"
+        "    from nnsight import LanguageModel\n"
+        f"    model = LanguageModel({example!r})\n"
+        "    with model.trace('The Eiffel Tower is in the city of', remote=True):\n"
+        "        logits = model.lm_head.output.save()\n"
+        "    print(model.tokenizer.decode(logits[0, -1].argmax()))\n\n"
         f"Serving: {', '.join(spec.name for spec in specs)}. Data: {settings.data_dir}\n",
         flush=True,
     )
@@ -84,6 +101,25 @@ def _demo_model(args: argparse.Namespace) -> int:
     settings = load_settings({"data_dir": args.data_dir})
     snapshot = build_demo_model(settings.hf_home, progress=lambda line: print(line, flush=True))
     print(f"{DEMO_REPO_ID} is ready at {snapshot}")
+    return 0
+
+
+def _keys_create(args: argparse.Namespace) -> int:
+    from .app import ADMIN_EMAIL
+    from .auth.keys import KeyStore
+    from .config import load_settings
+    from .jobs.store import connect
+
+    settings = load_settings({"data_dir": args.data_dir})
+    connection = connect(settings.database_path)
+    try:
+        keys = KeyStore(connection)
+        email = args.email or ADMIN_EMAIL
+        user = keys.user_by_email(email)
+        user_id = user.user_id if user else keys.add_user(email, ("admin",) if email == ADMIN_EMAIL else ())
+        print(keys.create_key(user_id, name=args.name or "cli"))
+    finally:
+        connection.close()
     return 0
 
 
@@ -111,6 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo-model", help="Build the offline demo model into the cache.")
     demo.add_argument("--data-dir", default=None)
     demo.set_defaults(run=_demo_model)
+
+    keys = commands.add_parser("keys", help="Manage API keys.")
+    key_commands = keys.add_subparsers(dest="keys_command", required=True)
+    create = key_commands.add_parser("create", help="Make a new key and print it (once).")
+    create.add_argument("--email", default=None, help="the key's owner (default the admin)")
+    create.add_argument("--name", default=None, help="a label to tell keys apart")
+    create.add_argument("--data-dir", default=None)
+    create.set_defaults(run=_keys_create)
     return parser
 
 
