@@ -300,3 +300,23 @@ def test_time_limit_kills_code_that_swallows_the_interrupt(server, remote_model,
     # The worker is restarted and the next request runs (once the model is back).
     server.wait_running(120)
     both(trace_with_saves, remote_model, local_model)
+
+
+def test_code_shipped_by_value_with_register(server, remote_model, local_model, tmp_path, monkeypatch):
+    """A helper module the server does not have travels with the request."""
+    (tmp_path / "nnhost_user_helpers.py").write_text(
+        "import torch\n\n"
+        "def top_tokens(logits, k=3):\n"
+        "    return torch.topk(logits[0, -1], k).indices\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import nnhost_user_helpers
+
+    nnsight.register(nnhost_user_helpers)
+
+    def program(model, remote):
+        with model.trace(PROMPT, remote=remote):
+            top = nnhost_user_helpers.top_tokens(model.lm_head.output).save()
+        return {"top": top}
+
+    both(program, remote_model, local_model)

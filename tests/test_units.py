@@ -1,0 +1,86 @@
+"""Small parts on their own: lifecycle rules, fair queue order, retention, links, capture."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from nnhost.config import Settings
+from nnhost.deployments.catalog import InvalidModelKey, ModelKey, ModelSpec
+from nnhost.execution.capture import capture_stdout
+from nnhost.jobs.job import InvalidTransition, Job, Status
+from nnhost.jobs.scheduler import FairQueue
+from nnhost.jobs.service import JobService
+from nnhost.jobs.store import JobStore, connect
+from nnhost.storage.results import BlobDir, LinkSigner
+
+
+def test_lifecycle_refuses_impossible_histories(tmp_path):
+    store = JobStore(connect(tmp_path / "db.sqlite3"))
+    store.create(Job(id="a1", user_id=1, model_key="k", deployment="d"))
+    with pytest.raises(InvalidTransition):
+        store.transition("a1", Status.COMPLETED, "too early")
+    for status in (Status.QUEUED, Status.DISPATCHED, Status.RUNNING, Status.COMPLETED):
+        store.transition("a1", status, status.value)
+    with pytest.raises(InvalidTransition):
+        store.transition("a1", Status.ERROR, "after the end")
+    assert store.get("a1").status is Status.COMPLETED
+
+
+def test_fair_queue_round_robins_users_and_keeps_each_users_order():
+    queue = FairQueue()
+    for i in range(5):
+        queue.push("alice", f"a{i}")
+    queue.push("bob", "b0")
+    queue.push("bob", "b1")
+    assert queue.order() == ["a0", "b0", "a1", "b1", "a2", "a3", "a4"]
+    assert [queue.pop() for _ in range(7)] == ["a0", "b0", "a1", "b1", "a2", "a3", "a4"]
+    assert queue.pop() is None
+
+
+def test_model_keys_match_however_the_client_spells_them():
+    spec = ModelSpec("org/name")
+    key = ModelKey.parse(
+        'nnsight.modeling.transformers.TransformersModel:{"task": "text-generation", '
+        '"revision": "main", "repo_id": "org/name"}'
+    )
+    assert key == spec.key == ModelKey.parse(spec.model_key())
+    with pytest.raises(InvalidModelKey):
+        ModelKey.parse("nnsight.X:{not json}")
+
+
+def test_expired_results_are_deleted_and_links_expire(tmp_path):
+    store = JobStore(connect(tmp_path / "db.sqlite3"))
+    results = BlobDir(tmp_path / "results", ".result")
+    service = JobService(Settings(), store, None, None, None, None, results, None)
+    for job_id, expires in (("old", time.time() - 1), ("new", time.time() + 3600)):
+        store.create(Job(id=job_id, user_id=1, model_key="k", deployment="d"))
+        for status in (Status.QUEUED, Status.DISPATCHED, Status.RUNNING):
+            store.transition(job_id, status, "")
+        results.write(job_id, b"result bytes")
+        store.transition(job_id, Status.COMPLETED, "", result_size=12, result_expires_at=expires)
+    assert service.sweep_results() == 1
+    assert not results.exists("old") and results.exists("new")
+    assert store.get("old").result_expires_at is None
+
+    signer = LinkSigner(b"secret")
+    assert signer.verify("new", int(time.time()) + 60, signer.sign("new", int(time.time()) + 60))
+    past = int(time.time()) - 1
+    assert not signer.verify("new", past, signer.sign("new", past))
+    future = int(time.time()) + 60
+    assert not signer.verify("other", future, signer.sign("new", future))
+
+
+def test_print_capture_sends_each_line_and_caps_a_flood():
+    lines = []
+    with capture_stdout(lines.append, max_lines=3):
+        print("one")
+        print("two", "three")
+        print("partial", end="")
+        print(" done")
+        for i in range(100):
+            print(i)
+    assert lines[:3] == ["one", "two three", "partial done"]
+    assert "limit of 3 printed lines" in lines[3]
+    assert len(lines) == 4
