@@ -242,7 +242,7 @@ def serialize_result(saves: dict, compress: bool) -> bytes:
     if compress:
         import zstandard
 
-        data = zstandard.ZstdCompressor(level=3, threads=0).compress(data)
+        data = zstandard.ZstdCompressor(level=1, threads=-1).compress(data)
     return data
 
 
