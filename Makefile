@@ -6,15 +6,24 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install serve test bench clean
+.PHONY: install browser serve test bench clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed browser
 
 $(VENV)/.installed: pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
 	touch $@
+
+# The browser tests drive Debian's chromium: install it when it is missing and we can
+# (root with apt). A failure here is reported and the browser tests then fail in CI.
+browser:
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing chromium for the browser tests ..."; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+			|| echo "Could not install chromium: the browser tests will fail." >&2; \
+	fi
 
 serve: install
 	$(BIN)/nnhost serve --demo $(ARGS)

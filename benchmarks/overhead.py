@@ -51,7 +51,6 @@ Before timing anything, the remote results are checked against the local ones
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import sys
@@ -255,21 +254,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
 
-    from nnhost.testing import ServerProcess, free_port
+    from nnhost.testing import ServerProcess, free_port, point_client_at
 
     root = Path(tempfile.mkdtemp(prefix="nnhost-bench-"))
     port = free_port()
     server_url = f"http://127.0.0.1:{port}"
 
-    # The client's environment, set before nnsight / huggingface_hub are
-    # imported: both read it at import time.
-    os.environ["NDIF_HOST"] = server_url
-    os.environ["NDIF_API_KEY"] = API_KEY
-    os.environ["HF_ENDPOINT"] = f"{server_url}/hub"
-    os.environ["HF_HOME"] = str(root / "client-hf")
-    os.environ.pop("HF_HUB_OFFLINE", None)
-    os.environ["NNSIGHT_CONFIG"] = str(root / "client-nnsight.yaml")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # The client's environment, set before nnsight / huggingface_hub are imported.
+    point_client_at(server_url, API_KEY, root)
 
     server: Optional[ServerProcess] = None
     try:

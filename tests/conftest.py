@@ -13,14 +13,13 @@ loaded straight from the server's cache folder.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from nnhost.testing import ServerProcess, free_port
+from nnhost.testing import ServerProcess, free_port, point_client_at
 
 TEST_REPO = "nnhost-test/tiny-gpt2"
 API_KEY = "nnh_test_" + "k" * 40
@@ -32,13 +31,7 @@ _ROOT = Path(tempfile.mkdtemp(prefix="nnhost-tests-"))
 _PORT = free_port()
 SERVER_URL = f"http://127.0.0.1:{_PORT}"
 
-os.environ["NDIF_HOST"] = SERVER_URL
-os.environ["NDIF_API_KEY"] = API_KEY
-os.environ["HF_ENDPOINT"] = f"{SERVER_URL}/hub"
-os.environ["HF_HOME"] = str(_ROOT / "client-hf")
-os.environ.pop("HF_HUB_OFFLINE", None)
-os.environ["NNSIGHT_CONFIG"] = str(_ROOT / "client-nnsight.yaml")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+point_client_at(SERVER_URL, API_KEY, _ROOT)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from conftest import API_KEY, TEST_REPO
-from nnhost.testing import ServerProcess, free_port
+from nnhost.testing import ServerProcess
 
 
 def test_status_shows_the_running_deployment(server):
@@ -202,7 +202,8 @@ def test_deploying_is_reported_until_the_model_is_loaded_and_queued_jobs_then_ru
                 break
             time.sleep(0.05)
         assert states[0] in ("NOT_STARTED", "DEPLOYING") and states[-1] == "RUNNING", states
-        assert queued["status"] == "QUEUED" and "loading" in queued["description"], queued
+        assert queued["status"] == "DEPLOYING", queued
+        assert f"Deploying {TEST_REPO}" in queued["description"], queued
         while time.monotonic() < deadline:
             latest = httpx.get(
                 f"{process.url}/response/{job['id']}", headers={"ndif-api-key": API_KEY}

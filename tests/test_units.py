@@ -84,3 +84,49 @@ def test_print_capture_sends_each_line_and_caps_a_flood():
     assert lines[:3] == ["one", "two three", "partial done"]
     assert "limit of 3 printed lines" in lines[3]
     assert len(lines) == 4
+
+
+def test_fair_queue_charges_by_runtime_and_serves_priority_first():
+    queue = FairQueue()
+    queue.push("heavy", "h0")
+    queue.push("light", "l0")
+    assert queue.pop() == "h0"
+    queue.finished("h0", 30.0)  # heavy used 30 s: light goes next, twice
+    queue.push("heavy", "h1")
+    queue.push("light", "l1")
+    assert [queue.pop(), queue.pop()] == ["l0", "l1"]
+    assert queue.pop() == "h1"
+    queue.push("normal", "n0")
+    queue.push("vip", "v0", priority=True)
+    assert queue.order() == ["v0", "n0"]
+    # A user who was idle re-enters at the current clock, not with banked credit.
+    assert queue.pop() == "v0"
+
+
+def test_catalog_from_toml_and_trust_remote_code_needs_the_operator(tmp_path, monkeypatch):
+    from nnhost.app import build_catalog
+    from nnhost.config import load_settings
+    from nnhost.models.tiny import build_tiny_gpt2
+
+    home = tmp_path / "hf"
+    build_tiny_gpt2("org/listed", hf_home=home)
+    monkeypatch.setenv("HF_HOME", str(home))
+    (tmp_path / "nnhost.toml").write_text(
+        "[server]\nmemory_margin = 0.5\n\n"
+        "[[model]]\nrepo_id = 'org/listed'\ndeploy = 'cold'\ndtype = 'float16'\n\n"
+        "[[model]]\nrepo_id = 'org/remote-code'\ntrust_remote_code = true\n"
+    )
+    settings = load_settings({"data_dir": str(tmp_path)})
+    with pytest.raises(ValueError, match="allow_trust_remote_code"):
+        build_catalog(settings)
+    settings.allow_trust_remote_code = True
+    catalog = build_catalog(settings)
+    listed = catalog.specs["org/listed"]
+    assert listed.deploy == "cold" and listed.dtype == "float16"
+    # Sized from the checkpoint's headers: float32 weights held as float16, plus 50%.
+    from nnhost.deployments.sizing import weight_bytes
+    from nnhost.models.hfcache import find_snapshot
+
+    stored = weight_bytes(find_snapshot("org/listed", None, home))
+    assert listed.size_bytes == int(stored / 2 * 1.5)
+    assert catalog.specs["org/remote-code"].size_bytes is None  # not cached: unknown

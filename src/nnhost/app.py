@@ -14,14 +14,17 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from fastapi import FastAPI
 
-from .auth.keys import KeyStore
+from .auth.access import Access, settings_problem
+from .auth.accounts import Accounts
+from .auth.keys import LOCAL_ADMIN_EMAIL, KeyStore
 from .config import Settings
 from .deployments.catalog import Catalog, ModelSpec
 from .deployments.manager import DeploymentManager
+from .deployments.sizing import parse_bytes, weight_bytes
 from .jobs.events import EventBus
 from .jobs.scheduler import Scheduler
 from .jobs.service import JobService
@@ -31,7 +34,7 @@ from .storage.results import BlobDir, LinkSigner
 
 log = logging.getLogger("nnhost")
 
-ADMIN_EMAIL = "admin@localhost"
+ADMIN_EMAIL = LOCAL_ADMIN_EMAIL
 
 
 @dataclass
@@ -47,12 +50,48 @@ class Server:
     signer: LinkSigner
     jobs: JobService
     deployments: DeploymentManager
+    access: Optional[Access] = None
+    accounts: Optional[Accounts] = None
 
 
 def parse_model(text: str) -> ModelSpec:
     """``org/name`` or ``org/name@revision`` from the command line."""
     repo_id, _, revision = text.partition("@")
     return ModelSpec(repo_id=repo_id, revision=revision or None)
+
+
+def build_catalog(settings: Settings, extra: Sequence[ModelSpec] = ()) -> Catalog:
+    """The models served: nnhost.toml's ``[[model]]`` tables, then the command line's.
+
+    Each model's size is read from its checkpoint's headers (never its weights)
+    when it is in the cache, plus the configured margin.
+    """
+    specs = [ModelSpec.from_table(dict(table)) for table in settings.catalog]
+    for spec in extra:
+        if not any(s.name == spec.name for s in specs):
+            specs.append(spec)
+    for spec in specs:
+        if spec.trust_remote_code and not settings.allow_trust_remote_code:
+            raise ValueError(
+                f"{spec.repo_id} needs trust_remote_code, which runs code from the model "
+                "repository; set allow_trust_remote_code = true in nnhost.toml to permit it."
+            )
+        snapshot = find_snapshot(spec.repo_id, spec.revision, settings.hf_home)
+        if snapshot is not None and spec.size_bytes is None:
+            spec.size_bytes = int(weight_bytes(snapshot, spec.dtype) * (1 + settings.memory_margin))
+    return Catalog(specs)
+
+
+def memory_budgets(settings: Settings) -> dict[str, int]:
+    """Bytes per device; the host defaults to 80% of this machine's memory."""
+    budgets = {device: parse_bytes(size) for device, size in settings.memory_budget.items()}
+    if "cpu" not in budgets:
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            budgets["cpu"] = int(total * 0.8)
+        except (ValueError, OSError):
+            pass
+    return budgets
 
 
 def ensure_admin(keys: KeyStore, api_key: Optional[str]) -> Optional[str]:
@@ -90,12 +129,20 @@ def worker_environ(settings: Settings, catalog: Catalog) -> dict:
     if cached:
         # Every model is on disk: don't let the loaders reach for the network.
         environ["HF_HUB_OFFLINE"] = "1"
+    # What user code may do in the workers (import allowlist, containment layers).
+    from .execution.policy import policy_from_settings
+
+    environ.update(policy_from_settings(settings).to_environ())
     return environ
 
 
 def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
-    from .api import hub, protocol, service
+    from .api import accounts as account_pages
+    from .api import admin, hub, protocol, service
 
+    problem = settings_problem(settings)
+    if problem:
+        raise ValueError(problem)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
 
     @contextlib.asynccontextmanager
@@ -105,6 +152,10 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
         keys = KeyStore(connection)
         ensure_admin(keys, settings.api_key)
         store = JobStore(connection)
+        access = Access(
+            settings, keys, local_admin_email=ADMIN_EMAIL, unfinished_jobs=store.unfinished_count
+        )
+        accounts = Accounts(settings, connection, keys, access)
         bus = EventBus()
         scheduler = Scheduler()
         results = BlobDir(settings.data_dir / "results", ".result")
@@ -115,22 +166,28 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
         def on_job_event(name, event):
             jobs.on_job_event(name, event)
 
-        def on_ready(name):
-            jobs.on_ready(name)
+        def on_change(name):
+            jobs.on_change(name)
+
+        def has_work(name):
+            return jobs.has_work(name)
 
         deployments = DeploymentManager(
             catalog,
             loop=loop,
             on_job_event=on_job_event,
-            on_ready=on_ready,
+            on_change=on_change,
+            has_work=has_work,
             worker_environ=worker_environ(settings, catalog),
+            budgets=memory_budgets(settings),
             torch_threads=settings.torch_threads,
             kill_grace=settings.kill_grace,
         )
         jobs = JobService(settings, store, bus, scheduler, deployments, payloads, results, signer)
         jobs.recover()
         app.state.server = Server(
-            settings, catalog, keys, bus, scheduler, results, signer, jobs, deployments
+            settings, catalog, keys, bus, scheduler, results, signer, jobs, deployments,
+            access=access, accounts=accounts,
         )
         deployments.start()
 
@@ -153,12 +210,15 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
         finally:
             sweeper.cancel()
             warmup.cancel()
+            await jobs.drain(settings.shutdown_grace)
             await asyncio.to_thread(deployments.stop)
             connection.close()
 
     app = FastAPI(title="nnhost", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.include_router(protocol.router)
     app.include_router(service.router)
+    app.include_router(admin.router)
+    account_pages.install(app)
 
     def resolve(repo_id: str, revision: Optional[str]) -> Optional[Path]:
         if not catalog.hosts_repo(repo_id):

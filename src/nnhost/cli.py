@@ -29,14 +29,23 @@ def _serve(args: argparse.Namespace) -> int:
             "torch_threads": args.torch_threads,
             "demo": args.demo or None,
             "models": args.models or None,
+            "auth": args.auth,
+            "allow_insecure": args.allow_insecure or None,
+            "signup": args.signup,
+            "memory_budget": dict(item.split("=", 1) for item in args.memory_budget) or None,
         },
         Path(args.config) if args.config else None,
     )
+    from .auth.access import settings_problem
+
+    problem = settings_problem(settings)
+    if problem:
+        print(f"nnhost serve: {problem}", file=sys.stderr)
+        return 2
     # Workers, the Hub mirror and the demo builder must agree on one model cache.
     os.environ.setdefault("HF_HOME", str(settings.hf_home))
 
-    from .app import create_app, parse_model, prepare_admin_key
-    from .deployments.catalog import Catalog
+    from .app import build_catalog, create_app, parse_model, prepare_admin_key
 
     specs = [parse_model(text) for text in settings.models]
     if settings.demo:
@@ -46,20 +55,28 @@ def _serve(args: argparse.Namespace) -> int:
         build_demo_model(settings.hf_home, progress=lambda line: print(f"  {line}", flush=True))
         if not any(spec.repo_id == DEMO_REPO_ID for spec in specs):
             specs.append(parse_model(DEMO_REPO_ID))
-    if not specs:
+    try:
+        catalog = build_catalog(settings, specs)
+    except ValueError as error:
+        print(f"nnhost serve: {error}", file=sys.stderr)
+        return 2
+    if not list(catalog):
         print(
             "nnhost serve: name at least one model to serve (e.g. `nnhost serve "
-            "openai-community/gpt2`), or use --demo for the offline demo model.",
+            "openai-community/gpt2`, or [[model]] tables in nnhost.toml), or use --demo "
+            "for the offline demo model.",
             file=sys.stderr,
         )
         return 2
 
     import uvicorn
 
-    app = create_app(settings, Catalog(specs))
+    app = create_app(settings, catalog)
     new_key = prepare_admin_key(settings)
     url = settings.public_url or f"http://{settings.host}:{settings.port}"
-    if new_key:
+    if settings.auth == "none":
+        key_line = "    # no NDIF_API_KEY needed: --auth none, every request acts as the local admin\n"
+    elif new_key:
         key_line = f"    export NDIF_API_KEY={new_key}   # shown once; stored hashed\n"
     elif settings.api_key:
         key_line = f"    export NDIF_API_KEY={settings.api_key}\n"
@@ -68,7 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
             "    export NDIF_API_KEY=<your key>   # a new one: "
             f"nnhost keys create --data-dir {settings.data_dir}\n"
         )
-    example = settings.models[0] if settings.models else "nnhost/demo-gpt2"
+    example = next(iter(catalog)).repo_id
     print(
         "\nnnhost is starting. In the shell where you run nnsight, paste:\n\n"
         f"    export NDIF_HOST={url}\n"
@@ -80,7 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
         "    with model.trace('The Eiffel Tower is in the city of', remote=True):\n"
         "        logits = model.lm_head.output.save()\n"
         "    print(model.tokenizer.decode(logits[0, -1].argmax()))\n\n"
-        f"Serving: {', '.join(spec.name for spec in specs)}. Data: {settings.data_dir}\n",
+        f"Serving: {', '.join(spec.name for spec in catalog)}. Data: {settings.data_dir}\n",
         flush=True,
     )
     uvicorn.run(
@@ -104,25 +121,6 @@ def _demo_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def _keys_create(args: argparse.Namespace) -> int:
-    from .app import ADMIN_EMAIL
-    from .auth.keys import KeyStore
-    from .config import load_settings
-    from .jobs.store import connect
-
-    settings = load_settings({"data_dir": args.data_dir})
-    connection = connect(settings.database_path)
-    try:
-        keys = KeyStore(connection)
-        email = args.email or ADMIN_EMAIL
-        user = keys.user_by_email(email)
-        user_id = user.user_id if user else keys.add_user(email, ("admin",) if email == ADMIN_EMAIL else ())
-        print(keys.create_key(user_id, name=args.name or "cli"))
-    finally:
-        connection.close()
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nnhost", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -141,6 +139,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--public-url", default=None, help="base URL clients reach us at")
     serve.add_argument("--torch-threads", type=int, default=None, help="threads per worker")
+    serve.add_argument(
+        "--auth", default=None, choices=["keys", "none"],
+        help="'none': no API keys, every request is the local admin (loopback only)",
+    )
+    serve.add_argument(
+        "--allow-insecure", action="store_true", help="allow --auth none on a non-loopback address"
+    )
+    serve.add_argument(
+        "--signup", default=None, choices=["open", "invite", "closed"],
+        help="who may make an account on the web pages (default open)",
+    )
+    serve.add_argument(
+        "--memory-budget",
+        action="append",
+        default=[],
+        metavar="DEVICE=SIZE",
+        help="memory HOT models may use on a device, e.g. cpu=8GiB (repeatable)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(run=_serve)
 
@@ -148,13 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--data-dir", default=None)
     demo.set_defaults(run=_demo_model)
 
-    keys = commands.add_parser("keys", help="Manage API keys.")
-    key_commands = keys.add_subparsers(dest="keys_command", required=True)
-    create = key_commands.add_parser("create", help="Make a new key and print it (once).")
-    create.add_argument("--email", default=None, help="the key's owner (default the admin)")
-    create.add_argument("--name", default=None, help="a label to tell keys apart")
-    create.add_argument("--data-dir", default=None)
-    create.set_defaults(run=_keys_create)
+    from .operator_cli import register as register_operator_commands
+
+    register_operator_commands(commands)
+
+    from .auth.cli import register as register_account_commands
+
+    register_account_commands(commands)  # users, keys, invites
     return parser
 
 

@@ -12,7 +12,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 MiB = 1024 * 1024
 
@@ -50,6 +50,50 @@ class Settings:
     min_nnsight_version: str = "0.8.0"
     #: Serve weight files from the Hub mirror as well as configs and tokenizers.
     hub_serve_weights: bool = False
+    #: Models from nnhost.toml's ``[[model]]`` tables (load options per model).
+    catalog: list[dict] = field(default_factory=list)
+    #: Memory HOT deployments may use per device, e.g. {"cpu": "16GiB", "cuda:0": "80GB"}.
+    #: A device not listed is unbounded; "cpu" defaults to 80% of this machine's memory.
+    memory_budget: dict = field(default_factory=dict)
+    #: Extra memory reserved per replica on top of its weights (activations, slack).
+    memory_margin: float = 0.25
+    #: Allow catalog models that need trust_remote_code.
+    allow_trust_remote_code: bool = False
+    #: Seconds a graceful shutdown (SIGTERM) waits for running jobs before requeueing them.
+    shutdown_grace: float = 30.0
+    #: "keys": every API call needs a key. "none": everyone is the local admin (loopback only).
+    auth: str = "keys"
+    #: Allow ``auth = "none"`` on a non-loopback address.
+    allow_insecure: bool = False
+    #: Who may make an account on the web pages: "open", "invite" (a code from the CLI) or "closed".
+    signup: str = "open"
+    #: Seconds a web login lasts.
+    session_ttl: float = 14 * 24 * 3600.0
+    #: Per-tag limits, from nnhost.toml's ``[limits.TAG]`` tables (see nnhost.auth.limits);
+    #: as an environment variable, a JSON object.
+    limits: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: Failed API key (or password) attempts one client address may make per window.
+    auth_failure_limit: int = 30
+    #: Seconds of that window.
+    auth_failure_window: float = 300.0
+    #: Contain user code (restricted unpickling, import allowlist, read-only weights,
+    #: OS-level layers; see README "Security"). false only for trusted deployments.
+    containment: bool = True
+    #: Top-level modules user code may import (nnsight is always allowed).
+    allowed_imports: list[str] = field(
+        default_factory=lambda: [
+            "builtins", "math", "typing", "collections", "time",
+            "torch", "numpy", "einops", "sympy", "nnterp",
+        ]
+    )
+    #: Memory one job may use on top of the loaded worker (0: 8 GiB).
+    job_memory_bytes: int = 0
+    #: Size of the private scratch space (/tmp) of a contained worker.
+    scratch_bytes: int = 256 * MiB
+    #: Contained workers run as uid/gid worker_uid_base + their pid.
+    worker_uid_base: int = 200_000
+    #: More paths a contained worker must not see (the data dir and model cache always are).
+    hidden_paths: list[str] = field(default_factory=list)
 
     @property
     def database_path(self) -> Path:
@@ -73,6 +117,9 @@ def _coerce(kind: Any, value: Any) -> Any:
             return float(value)
         if "list" in text:
             return [part for part in value.split(",") if part]
+        if "dict" in text:
+            pairs = (part.split("=", 1) for part in value.split(",") if "=" in part)
+            return {key.strip(): item.strip() for key, item in pairs}
         if "Path" in text:
             return Path(value)
     if "Path" in text and value is not None:
@@ -92,6 +139,10 @@ def load_settings(overrides: dict[str, Any], config_file: Optional[Path] = None)
         for name, value in table.get("server", table).items():
             if name in known:
                 values[name] = _coerce(known[name], value)
+        if "model" in table:
+            values["catalog"] = list(table["model"])
+        if "limits" in table:
+            values["limits"] = dict(table["limits"])
     for name, kind in known.items():
         env = os.environ.get(f"NNHOST_{name.upper()}")
         if env is not None:

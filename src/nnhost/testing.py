@@ -20,6 +20,23 @@ from typing import Optional, Sequence
 import httpx
 
 
+def point_client_at(server_url: str, api_key: str, root: Path) -> None:
+    """Set this process up as a user's nnsight client of ``server_url``.
+
+    ``NDIF_HOST``/``NDIF_API_KEY`` name the server; ``HF_ENDPOINT`` sends the
+    Hugging Face libraries to its Hub mirror, with an empty ``HF_HOME``, as on
+    a laptop that has never seen the model. nnsight and huggingface_hub read
+    these when imported, so call this before importing either.
+    """
+    os.environ["NDIF_HOST"] = server_url
+    os.environ["NDIF_API_KEY"] = api_key
+    os.environ["HF_ENDPOINT"] = f"{server_url}/hub"
+    os.environ["HF_HOME"] = str(root / "client-hf")
+    os.environ.pop("HF_HUB_OFFLINE", None)
+    os.environ["NNSIGHT_CONFIG"] = str(root / "client-nnsight.yaml")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -88,10 +105,10 @@ class ServerProcess:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"nnhost exited early; see {self.log_path}:\n{self.log_tail()}")
             try:
-                deployments = self.status()["deployments"]
-                if deployments and all(
-                    d["application_state"] == "RUNNING" for d in deployments.values()
-                ):
+                states = [d["application_state"] for d in self.status()["deployments"].values()]
+                # Ready when something serves and nothing is still loading (models
+                # left COLD by the memory budget stay NOT_STARTED).
+                if "RUNNING" in states and "DEPLOYING" not in states:
                     return
             except (httpx.HTTPError, KeyError, ValueError):
                 pass

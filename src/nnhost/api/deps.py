@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Optional
 
 from fastapi import HTTPException, Request, WebSocket
 
+from ..auth.access import Throttled
 from ..auth.keys import KeyProblem, Principal
+from ..auth.limits import Limits, retry_after
 
 if TYPE_CHECKING:
     from ..app import Server
@@ -31,15 +33,30 @@ def server_of_socket(websocket: WebSocket) -> "Server":
     return websocket.app.state.server
 
 
+def client_address(request: Request) -> str:
+    """The caller's address (uvicorn has already applied trusted proxy headers)."""
+    return request.client.host if request.client else "unknown"
+
+
+def too_many(error: Throttled) -> HTTPException:
+    headers = {"Retry-After": retry_after(error.retry_after)}
+    return HTTPException(429, error.message, headers=headers)
+
+
 def identify(server: "Server", key: Optional[str]) -> Optional[Principal]:
     """The key's owner, or None (never raises): for routes that work anonymously."""
-    return server.keys.check(key).principal
+    return server.access.identify(key)
 
 
 def require_principal(request: Request) -> Principal:
-    """The caller, or a 401/403 that says how to fix the key."""
+    """The caller, or a 401/403 saying how to fix the key (429: the address keeps guessing)."""
     server = server_of(request)
-    check = server.keys.check(request.headers.get(API_KEY_HEADER))
+    try:
+        check = server.access.authenticate(
+            request.headers.get(API_KEY_HEADER), client_address(request)
+        )
+    except Throttled as error:
+        raise too_many(error)
     if check.principal is not None:
         return check.principal
     if check.problem is KeyProblem.MISSING:
@@ -55,6 +72,14 @@ def require_principal(request: Request) -> Principal:
         f"{reasons[check.problem]}. Get a new key from the server's operator or its "
         f"key page, then use it: {_HOW_TO_SET_KEY}",
     )
+
+
+def admit(request: Request, principal: Principal) -> Limits:
+    """Let one more request in for ``principal`` under their tags' limits, or a 429."""
+    try:
+        return server_of(request).access.admit(principal)
+    except Throttled as error:
+        raise too_many(error)
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:

@@ -19,6 +19,7 @@ from ..jobs.service import SessionNotOwned, Submission, UnknownModel
 from ..wire import RequestEnvelope
 from .deps import (
     API_KEY_HEADER,
+    admit,
     check_client_version,
     identify,
     require_principal,
@@ -33,15 +34,34 @@ def _base_url(request: Request) -> str:
     return str(request.base_url).rstrip("/")
 
 
+def _too_large(size: int, limit: int, known: bool = True) -> HTTPException:
+    amount = f"{size:,} bytes" if known else f"more than {limit:,} bytes"
+    return HTTPException(
+        413,
+        f"The request is {amount}, over this server's limit of {limit:,} bytes. Send "
+        "less data with one request (fewer or shorter prompts, smaller tensors "
+        "captured from your session).",
+    )
+
+
 async def _read_form(request: Request, limit: int):
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
-        raise HTTPException(
-            413,
-            f"The request is {int(declared):,} bytes, over this server's limit of "
-            f"{limit:,} bytes. Send less data with one request (fewer or shorter "
-            "prompts, smaller tensors captured from your session).",
-        )
+        raise _too_large(int(declared), limit)
+    # A chunked body declares no length: count what arrives, and stop reading
+    # (and spooling to disk) the moment it passes the limit.
+    receive, received = request.receive, 0
+
+    async def counted_receive():
+        nonlocal received
+        message = await receive()
+        if message.get("type") == "http.request":
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise _too_large(received, limit, known=False)
+        return message
+
+    request = Request(request.scope, counted_receive)
     try:
         return await request.form(max_files=2, max_fields=8)
     except HTTPException:
@@ -74,7 +94,8 @@ async def submit_request(request: Request):
     server = server_of(request)
     check_client_version(request)
     principal = require_principal(request)
-    form = await _read_form(request, server.settings.max_request_bytes)
+    limits = admit(request, principal)
+    form = await _read_form(request, limits.request_bytes)
     submission = _parse_envelope(form.get("data"))
     upload = form.get("blob")
     if not isinstance(upload, UploadFile):

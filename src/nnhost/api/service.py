@@ -13,7 +13,8 @@ from importlib.metadata import distributions, packages_distributions
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
-from .deps import API_KEY_HEADER, identify, server_of
+from ..auth.access import Throttled
+from .deps import API_KEY_HEADER, client_address, server_of, too_many
 
 router = APIRouter()
 
@@ -50,9 +51,13 @@ async def ping() -> str:
 async def status(request: Request) -> dict:
     server = server_of(request)
     deployments = server.deployments.status()
-    for name, entry in deployments.items():
-        entry["queued"] = server.scheduler.waiting(name)
-    return {"deployments": deployments}
+    for entry in deployments.values():
+        entry["queued"] = server.scheduler.waiting(entry["deployment"])
+    devices = {
+        device: {"budget_bytes": budget, "used_bytes": server.deployments.used(device)}
+        for device, budget in server.deployments.budgets.items()
+    }
+    return {"deployments": deployments, "devices": devices}
 
 
 @router.get("/env")
@@ -62,7 +67,14 @@ async def env() -> dict:
 
 @router.get("/whoami")
 async def whoami(request: Request) -> dict:
-    principal = identify(server_of(request), request.headers.get(API_KEY_HEADER))
+    # Counted like any other key check, so /whoami is no faster an oracle than /request.
+    try:
+        check = server_of(request).access.authenticate(
+            request.headers.get(API_KEY_HEADER), client_address(request)
+        )
+    except Throttled as error:
+        raise too_many(error)
+    principal = check.principal
     if principal is None:
         return {"email": None, "tags": []}
     return {"email": principal.email, "tags": list(principal.tags)}

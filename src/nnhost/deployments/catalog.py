@@ -75,8 +75,42 @@ class ModelSpec:
     task: str = "text-generation"
     model_class: str = TRANSFORMERS_CLASS
     trust_remote_code: bool = False
-    #: Extra keyword arguments for the model class at load (e.g. ``{"dtype": "bfloat16"}``).
+    #: The dtype weights are held in (None: as stored).
+    dtype: Optional[str] = None
+    #: Where a HOT replica holds its weights: "cpu", "cuda", "cuda:1", ...
+    device: str = "cpu"
+    replicas: int = 1
+    #: Level at start: "hot", "warm" or "cold" (deployed on first request).
+    deploy: str = "hot"
+    #: Extra keyword arguments for the model class at load.
     load_kwargs: dict = field(default_factory=dict)
+    #: Bytes one replica needs on its device (weights plus margin); set by the server.
+    size_bytes: Optional[int] = None
+
+    @classmethod
+    def from_table(cls, table: dict) -> "ModelSpec":
+        """An entry of ``[[model]]`` in nnhost.toml."""
+        known = {"repo_id", "revision", "task", "model_class", "trust_remote_code", "dtype",
+                 "device", "replicas", "deploy", "load_kwargs"}
+        unknown = set(table) - known
+        if unknown:
+            raise ValueError(f"[[model]] {table.get('repo_id')!r}: unknown keys {sorted(unknown)}")
+        if "repo_id" not in table:
+            raise ValueError("every [[model]] needs a repo_id")
+        spec = cls(**table)
+        if spec.deploy not in ("hot", "warm", "cold"):
+            raise ValueError(f"{spec.repo_id}: deploy must be hot, warm or cold")
+        if spec.replicas < 1:
+            raise ValueError(f"{spec.repo_id}: replicas must be at least 1")
+        return spec
+
+    def worker_load_kwargs(self) -> dict:
+        kwargs = dict(self.load_kwargs)
+        if self.dtype:
+            kwargs["dtype"] = self.dtype
+        if self.trust_remote_code:
+            kwargs["trust_remote_code"] = True
+        return kwargs
 
     @property
     def name(self) -> str:
@@ -116,7 +150,11 @@ class Catalog:
 
     def match(self, key: ModelKey) -> Optional[ModelSpec]:
         for spec in self.specs.values():
-            if spec.key == key:
+            own = spec.key
+            # An older client leaves the task out of its key: any task matches.
+            if key.task is None:
+                own = ModelKey(own.model_class, own.repo_id, own.revision, None, own.trust_remote_code)
+            if own == key:
                 return spec
         return None
 

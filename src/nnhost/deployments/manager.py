@@ -1,10 +1,23 @@
-"""Which models are up, on which replicas, and in what state.
+"""Which models are up, at what level, on which replicas: placement and hotswapping.
 
-The manager owns one replica per catalog model, reports their levels and
-states the way ``/status`` (and so ``nnsight.status()``) expects, and hands a
-job to an idle replica when asked. Replica callbacks arrive on replica threads;
-the manager moves them onto the event loop before anyone else sees them, so
-everything above it is single-threaded.
+Levels, as ``/status`` reports them:
+
+* HOT: replicas hold the weights on the model's device and take jobs;
+* WARM: replicas hold the weights in host memory, not serving; becoming HOT
+  is a move to the device, not a load (on a CPU model it is immediate);
+* COLD: on disk only; no process.
+
+Each device has a memory budget. A replica occupies its model's size (weights
+plus a margin) on its device while HOT or being brought up, and in host memory
+("cpu") while WARM. When a model must become HOT and its device is full, the
+least recently used deployment there with no queued or running work is
+demoted: to WARM when the device is not the host and the host has room, else
+to COLD. A deployment with work is never demoted. If nothing can make room the
+model waits, and says why.
+
+Replica callbacks arrive on replica threads; the manager moves them onto the
+event loop, so everything above it is single-threaded. It decides placement;
+it never decides which job runs (that is the scheduler's).
 """
 
 from __future__ import annotations
@@ -17,31 +30,75 @@ from typing import Callable, Optional
 from ..execution.events import JobEvent, JobSpec
 from ..execution.worker import WorkerOptions
 from .catalog import Catalog, ModelKey, ModelSpec
-from .replica import LocalReplica, ReplicaState
+from .replica import LocalReplica
 
 OnJobEvent = Callable[[str, JobEvent], None]
-OnReady = Callable[[str], None]
+OnChange = Callable[[str], None]
+HasWork = Callable[[str], bool]
+
+HOT, WARM, COLD = "HOT", "WARM", "COLD"
+
+
+class CannotFit(RuntimeError):
+    """The model is larger than its device's whole budget."""
+
+
+def _gib(size: int) -> str:
+    return f"{size / (1 << 30):.2f} GiB" if size >= 1 << 30 else f"{size / (1 << 20):.1f} MiB"
 
 
 @dataclass
 class Deployment:
     spec: ModelSpec
-    replica: LocalReplica
-    state: ReplicaState = field(default_factory=lambda: ReplicaState("NOT_STARTED"))
+    replicas: list = field(default_factory=list)
+    #: The level this deployment is held at (or being brought to).
+    target: str = COLD
     last_used: float = 0.0
+    #: Why it is where it is (what was evicted for it, what it waits for).
+    note: str = ""
 
     @property
     def name(self) -> str:
         return self.spec.name
 
     @property
-    def level(self) -> str:
-        # A worker that holds the weights is HOT; this machine keeps no WARM tier yet.
-        return "HOT" if self.state.state == "RUNNING" else "COLD"
+    def size(self) -> int:
+        return (self.spec.size_bytes or 0) * self.spec.replicas
+
+    def states(self) -> list[str]:
+        return [replica.health().state for replica in self.replicas]
+
+    @property
+    def loading(self) -> bool:
+        return self.target != COLD and any(s in ("NOT_STARTED", "DEPLOYING") for s in self.states())
+
+    @property
+    def healthy(self) -> bool:
+        return any(s == "RUNNING" for s in self.states())
+
+    @property
+    def unhealthy(self) -> bool:
+        return bool(self.replicas) and all(s == "UNHEALTHY" for s in self.states())
+
+    @property
+    def busy(self) -> bool:
+        return any(replica.busy for replica in self.replicas)
 
     @property
     def ready(self) -> bool:
-        return self.state.state == "RUNNING" and not self.replica.busy
+        return self.target == HOT and self.idle_replica() is not None
+
+    def idle_replica(self) -> Optional[LocalReplica]:
+        for replica in self.replicas:
+            if replica.health().state == "RUNNING" and not replica.busy:
+                return replica
+        return None
+
+    @property
+    def level(self) -> str:
+        if self.target == COLD or not self.healthy:
+            return COLD
+        return self.target
 
 
 class DeploymentManager:
@@ -51,33 +108,25 @@ class DeploymentManager:
         *,
         loop: asyncio.AbstractEventLoop,
         on_job_event: OnJobEvent,
-        on_ready: OnReady,
+        on_change: OnChange,
+        has_work: HasWork,
         worker_environ: dict,
+        budgets: dict[str, int],
         torch_threads: int = 0,
         kill_grace: float = 10.0,
     ) -> None:
         self.catalog = catalog
         self._loop = loop
         self._on_job_event = on_job_event
-        self._on_ready = on_ready
-        self.deployments: dict[str, Deployment] = {}
-        for spec in catalog:
-            options = WorkerOptions(
-                model_key=spec.model_key(),
-                load_kwargs=dict(spec.load_kwargs),
-                torch_threads=torch_threads,
-                environ=dict(worker_environ),
-            )
-            name = spec.name
-            replica = LocalReplica(
-                name,
-                options,
-                on_job_event=lambda event, name=name: self._hop(self._job_event, name, event),
-                on_state=lambda state, name=name: self._hop(self._state, name, state),
-                on_idle=lambda name=name: self._hop(self._on_ready, name),
-                kill_grace=kill_grace,
-            )
-            self.deployments[name] = Deployment(spec, replica)
+        self._on_change = on_change
+        self._has_work = has_work
+        self._environ = dict(worker_environ)
+        self._torch_threads = torch_threads
+        self._kill_grace = kill_grace
+        self.budgets = dict(budgets)
+        self.deployments: dict[str, Deployment] = {spec.name: Deployment(spec) for spec in catalog}
+
+    # -- callbacks from replica threads ------------------------------------------
 
     def _hop(self, function: Callable, *args) -> None:
         try:
@@ -85,16 +134,26 @@ class DeploymentManager:
         except RuntimeError:
             pass  # the loop is closed: the server is shutting down
 
-    def _job_event(self, name: str, event: JobEvent) -> None:
-        self._on_job_event(name, event)
+    def _replica(self, deployment: Deployment, index: int, level: str) -> LocalReplica:
+        spec = deployment.spec
+        name = spec.name if spec.replicas == 1 else f"{spec.name}#{index + 1}"
+        options = WorkerOptions(
+            model_key=spec.model_key(),
+            load_kwargs=spec.worker_load_kwargs(),
+            torch_threads=self._torch_threads,
+            environ=dict(self._environ),
+            device=spec.device if level == HOT else "cpu",
+        )
+        return LocalReplica(
+            name,
+            options,
+            on_job_event=lambda event: self._hop(self._on_job_event, spec.name, event),
+            on_state=lambda state: self._hop(self._on_change, spec.name),
+            on_idle=lambda: self._hop(self._on_change, spec.name),
+            kill_grace=self._kill_grace,
+        )
 
-    def _state(self, name: str, state: ReplicaState) -> None:
-        deployment = self.deployments[name]
-        deployment.state = state
-        if state.state == "RUNNING":
-            self._on_ready(name)
-
-    # -- lookups ---------------------------------------------------------------
+    # -- lookups -----------------------------------------------------------------
 
     def match(self, key: ModelKey) -> Optional[Deployment]:
         spec = self.catalog.match(key)
@@ -103,43 +162,178 @@ class DeploymentManager:
     def get(self, name: str) -> Deployment:
         return self.deployments[name]
 
-    # -- lifecycle ---------------------------------------------------------------
+    # -- memory --------------------------------------------------------------------
+
+    def budget(self, device: str) -> Optional[int]:
+        return self.budgets.get(device)
+
+    def used(self, device: str, excluding: Optional[Deployment] = None) -> int:
+        total = 0
+        for deployment in self.deployments.values():
+            if deployment is excluding:
+                continue
+            if deployment.target == HOT and deployment.spec.device == device:
+                total += deployment.size
+            elif deployment.target == WARM and device == "cpu":
+                total += deployment.size
+        return total
+
+    def _fits(self, device: str, size: int, excluding: Deployment) -> bool:
+        budget = self.budget(device)
+        return budget is None or self.used(device, excluding) + size <= budget
+
+    def _victims(self, device: str, wanted: Deployment) -> list[Deployment]:
+        """Deployments that may be demoted to make room on ``device``, least recently used first."""
+        candidates = [
+            d
+            for d in self.deployments.values()
+            if d is not wanted
+            and d.target != COLD
+            and (d.spec.device == device if d.target == HOT else device == "cpu")
+            and not d.busy
+            and not d.loading
+            and not self._has_work(d.name)
+        ]
+        return sorted(candidates, key=lambda d: d.last_used)
+
+    def make_room(self, wanted: Deployment, device: str, level: str) -> Optional[str]:
+        """Demote idle deployments until ``wanted`` fits at ``level``; None if it cannot yet.
+
+        Returns a note of what was evicted (possibly empty).
+        """
+        budget = self.budget(device)
+        if budget is not None and wanted.size > budget:
+            raise CannotFit(
+                f"{wanted.name} needs {_gib(wanted.size)} on {device}, more than its whole "
+                f"budget of {_gib(budget)}. Ask the operator to raise memory_budget."
+            )
+        evicted = []
+        while not self._fits(device, wanted.size, wanted):
+            victims = self._victims(device, wanted)
+            if not victims:
+                return None
+            victim = victims[0]
+            to = WARM if (victim.target == HOT and device != "cpu"
+                          and self._fits("cpu", victim.size, victim)) else COLD
+            self.set_level(victim.name, to, note=f"Demoted to make room for {wanted.name}.")
+            evicted.append(f"{victim.name} (now {to})")
+        return f"evicted {', '.join(evicted)}" if evicted else ""
+
+    # -- levels ----------------------------------------------------------------------
+
+    def request(self, name: str, level: str = HOT) -> str:
+        """Bring ``name`` to ``level`` if memory allows; returns what is happening, for users."""
+        deployment = self.deployments[name]
+        rank = {COLD: 0, WARM: 1, HOT: 2}
+        if rank[deployment.target] >= rank[level] and not deployment.unhealthy:
+            return deployment.note
+        device = deployment.spec.device if level == HOT else "cpu"
+        note = self.make_room(deployment, device, level)
+        if note is None:
+            budget = self.budget(device) or 0
+            deployment.note = (
+                f"waiting for memory on {device}: {_gib(self.used(device, deployment))} of "
+                f"{_gib(budget)} is held by deployments with work in progress"
+            )
+            return deployment.note
+        self.set_level(name, level, note=f"Deploying {name}" + (f"; {note}" if note else ""))
+        return deployment.note
+
+    def set_level(self, name: str, level: str, note: str = "") -> None:
+        """Move ``name`` to ``level`` now (memory must already have been made)."""
+        deployment = self.deployments[name]
+        previous = deployment.target
+        deployment.note = note
+        if level == COLD:
+            replicas, deployment.replicas = deployment.replicas, []
+            deployment.target = COLD
+            for replica in replicas:
+                self._loop.run_in_executor(None, replica.stop)
+        elif previous == COLD or deployment.unhealthy:
+            for replica in deployment.replicas:
+                self._loop.run_in_executor(None, replica.stop)
+            deployment.target = level
+            deployment.replicas = [
+                self._replica(deployment, i, level) for i in range(deployment.spec.replicas)
+            ]
+            for replica in deployment.replicas:
+                replica.start()
+        else:
+            deployment.target = level
+            device = deployment.spec.device if level == HOT else "cpu"
+            for replica in deployment.replicas:
+                replica.place(device)
+        self._hop(self._on_change, name)
 
     def start(self) -> None:
+        """Bring each catalog model to its starting level, in catalog order, as memory allows."""
         for deployment in self.deployments.values():
-            deployment.replica.start()
+            wanted = deployment.spec.deploy.upper()
+            if wanted == COLD:
+                continue
+            device = deployment.spec.device if wanted == HOT else "cpu"
+            if self._fits(device, deployment.size, deployment):
+                self.set_level(deployment.name, wanted, note=f"Deploying {deployment.name}")
+            else:
+                deployment.note = f"Left COLD at start: {device} budget is full."
 
     def stop(self) -> None:
         for deployment in self.deployments.values():
-            deployment.replica.stop()
+            for replica in deployment.replicas:
+                replica.stop()
 
     def submit(self, name: str, spec: JobSpec) -> None:
         deployment = self.deployments[name]
+        replica = deployment.idle_replica()
+        if replica is None:
+            raise RuntimeError(f"no idle replica of {name}")
         deployment.last_used = time.time()
-        deployment.replica.submit(spec)
+        replica.submit(spec)
 
     def cancel(self, name: str, job_id: str) -> bool:
-        return self.deployments[name].replica.cancel(job_id)
+        return any(replica.cancel(job_id) for replica in self.deployments[name].replicas)
 
-    # -- reporting ---------------------------------------------------------------
+    def worker_pids(self, name: str) -> list[int]:
+        return [r.pid for r in self.deployments[name].replicas if r.pid]
+
+    # -- reporting ---------------------------------------------------------------------
 
     def status(self) -> dict:
-        """``/status``'s ``deployments``: one entry per replica."""
+        """``/status``'s ``deployments``: one entry per replica (one COLD entry when none)."""
         entries = {}
         for deployment in self.deployments.values():
             spec = deployment.spec
-            entries[deployment.name] = {
+            base = {
+                "deployment": deployment.name,
                 "model_key": spec.model_key(),
                 "repo_id": spec.repo_id,
                 "revision": spec.revision or "main",
                 "task": spec.task,
                 "trust_remote_code": spec.trust_remote_code,
-                "deployment_level": deployment.level,
-                "application_state": deployment.state.state,
-                "description": deployment.state.description.strip().splitlines()[-1]
-                if deployment.state.description.strip()
-                else "",
-                "weight_bytes": deployment.state.weight_bytes,
-                "busy": deployment.replica.busy,
+                "device": spec.device,
+                "size_bytes": spec.size_bytes,
+                "note": deployment.note,
             }
+            if not deployment.replicas:
+                entries[deployment.name] = {
+                    **base,
+                    "deployment_level": COLD,
+                    "application_state": "NOT_STARTED",
+                    "busy": False,
+                }
+                continue
+            for replica in deployment.replicas:
+                state = replica.health()
+                level = deployment.target if state.state == "RUNNING" else COLD
+                entries[replica.name] = {
+                    **base,
+                    "deployment_level": level,
+                    "application_state": state.state,
+                    "description": state.description.strip().splitlines()[-1]
+                    if state.description.strip()
+                    else "",
+                    "busy": replica.busy,
+                    "pid": replica.pid,
+                    "containment": state.containment,
+                }
         return entries

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional, Protocol
 
 from ..execution.events import JobEvent, JobSpec
-from ..execution.worker import WorkerOptions, serve
+from ..execution.handoff import discard_result, send_job
+from ..execution.worker import WorkerOptions, crash_hint, serve
 
 
 @dataclass
@@ -34,6 +35,8 @@ class ReplicaState:
     state: str  # NOT_STARTED, DEPLOYING, RUNNING, UNHEALTHY
     description: str = ""
     weight_bytes: Optional[int] = None
+    #: Which containment layers the worker runs under (see execution.containment).
+    containment: Optional[dict] = None
 
 
 #: Callbacks: a job event, a state change, or "ready for the next job".
@@ -105,6 +108,18 @@ class LocalReplica:
     def health(self) -> ReplicaState:
         return self._state
 
+    @property
+    def pid(self) -> Optional[int]:
+        process = self._process
+        return process.pid if process is not None and process.is_alive() else None
+
+    def place(self, device: str) -> None:
+        """Move the weights (HOT on the model's device, WARM in host memory)."""
+        with self._lock:
+            self.options.device = device
+            if self._connection is not None and self._state.state == "RUNNING":
+                self._connection.send(("place", device))
+
     def start(self) -> None:
         with self._lock:
             self._stopping = False
@@ -123,7 +138,9 @@ class LocalReplica:
                 raise RuntimeError(f"replica {self.name} is not ready ({self._state.state})")
             self._job = spec
             self._job_started = time.monotonic()
-            self._connection.send(("run", spec.to_dict()))
+            # The job's payload and result travel as open files: a contained
+            # worker cannot see the data directory (see execution.handoff).
+            send_job(self._connection, spec)
 
     def cancel(self, job_id: str) -> bool:
         """Stop a running job by restarting the worker (the only sure interrupt)."""
@@ -182,9 +199,12 @@ class LocalReplica:
                 event = JobEvent.from_dict(payload)
                 if event.status in ("COMPLETED", "ERROR"):
                     with self._lock:
-                        finished = self._job is not None and self._job.job_id == event.job_id
+                        job = self._job
+                        finished = job is not None and job.job_id == event.job_id
                     if not finished:
                         continue
+                    if event.status == "ERROR":
+                        discard_result(job)
                 self._on_job_event(event)
             elif kind == "idle":
                 with self._lock:
@@ -201,10 +221,14 @@ class LocalReplica:
             if generation != self._generation:
                 return
             job, self._job = self._job, None
-            reason = self._kill_reason or f"The worker process stopped ({_signal_name(process.exitcode)})."
+            reason = self._kill_reason or (
+                f"The worker process stopped ({_signal_name(process.exitcode)})."
+                + crash_hint(process.exitcode)
+            )
             stopping = self._stopping
             unhealthy_at_load = self._state.state == "UNHEALTHY"
         if job is not None:
+            discard_result(job)
             self._on_job_event(
                 JobEvent(
                     job.job_id,

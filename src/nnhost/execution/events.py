@@ -26,10 +26,17 @@ class JobSpec:
     env: dict = field(default_factory=dict)
     #: Where to write the result blob (the worker writes it directly).
     result_path: str = ""
+    #: A file the worker creates the moment it starts on the job, so that after a
+    #: crash the server knows whether the job may have run.
+    started_path: str = ""
     #: Seconds of execution allowed.
     time_limit: float = 3600.0
     #: Largest result blob the server will keep, in bytes (0 = no limit).
     max_result_bytes: int = 0
+    #: Open descriptors of the payload and the result file, when the server
+    #: handed them over instead of paths (a contained worker sees no paths).
+    payload_fd: int = -1
+    result_fd: int = -1
     #: At most this many LOG lines are forwarded from one job.
     max_log_lines: int = 10_000
 

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from .capture import capture_stdout
 from .events import JobEvent, JobSpec
+from .sandbox import SandboxViolation
 
 Emit = Callable[[JobEvent], None]
 
@@ -246,6 +247,15 @@ def serialize_result(saves: dict, compress: bool) -> bytes:
     return data
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write ``data`` to a descriptor the server handed over (the job's result file)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+    os.fsync(fd)
+
+
 def write_atomically(path: str, data: bytes) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     partial = f"{path}.partial"
@@ -263,19 +273,67 @@ class Runner:
     def __init__(self, model: Any, unpickler: Optional[type] = None) -> None:
         self.model = model
         self.unpickler = unpickler
+        #: Undoes what a job changed on the shared model (`integrity.ModelGuard`).
+        self.guard: Optional[Any] = None
         self.persistent_objects = model._remoteable_persistent_objects()
         # What every request starts from; a request's env is undone afterwards
         # so it can never leak into the next user's run.
         self.default_env = model._remoteable_get_env()
 
-    def run(self, spec: JobSpec, emit: Emit) -> None:
-        """Run ``spec`` to completion, reporting RUNNING, LOG, then COMPLETED or ERROR."""
-        with forget_sources():
-            self._run(spec, emit)
+    def run(self, spec: JobSpec, emit: Emit) -> bool:
+        """Run ``spec`` to completion, reporting RUNNING, LOG, then COMPLETED or ERROR.
+
+        Returns False when the job left the model changed in a way the guard
+        could not undo: the worker must then be replaced before the next job.
+        """
+        final: list[JobEvent] = []
+
+        def hold_final(event: JobEvent) -> None:
+            # The final event waits until the model has been checked, so that
+            # it can say what the job changed and what was undone.
+            (final.append if event.status in ("COMPLETED", "ERROR") else emit)(event)
+
+        try:
+            with forget_sources():
+                self._run(spec, hold_final)
+        finally:
+            for fd in (spec.payload_fd, spec.result_fd):
+                if fd >= 0:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+        intact = True
+        notice = ""
+        if self.guard is not None:
+            checked = time.perf_counter()
+            report = self.guard.restore()
+            for event in final:
+                if event.meta is not None:
+                    event.meta["integrity_seconds"] = round(time.perf_counter() - checked, 6)
+            intact = not report.fatal
+            if report.fatal:
+                notice = (
+                    " Your request changed the shared model in a way that could not be "
+                    f"undone ({'; '.join(report.fatal)}); its worker is being restarted."
+                )
+            elif report.restored:
+                notice = (
+                    " Your request changed the shared model; the change was undone "
+                    f"({'; '.join(report.restored[:3])}). Changes to the model do not "
+                    "carry over to other requests."
+                )
+        for event in final:
+            event.description += notice
+            emit(event)
+        return intact
 
     def _run(self, spec: JobSpec, emit: Emit) -> None:
         started = time.perf_counter()
         meta: dict = {}
+        if spec.started_path and spec.payload_fd < 0:
+            with open(spec.started_path, "wb"):
+                pass
         try:
             tracer = self._deserialize(spec)
             self._apply_env(spec.env)
@@ -287,7 +345,7 @@ class Runner:
                 finally:
                     meta["runtime"] = round(time.perf_counter() - execution_started, 6)
             meta.update(meter.report())
-            data = serialize_result(saves, spec.compress)
+            data = self._serialize(saves, spec.compress)
             meta["result_bytes"] = len(data)
             if spec.max_result_bytes and len(data) > spec.max_result_bytes:
                 raise UserError(
@@ -296,7 +354,10 @@ class Runner:
                     "need, sliced to the positions you need (e.g. "
                     "`model.layer.output[:, -1].save()`)."
                 )
-            write_atomically(spec.result_path, data)
+            if spec.result_fd >= 0:
+                write_all(spec.result_fd, data)
+            else:
+                write_atomically(spec.result_path, data)
             meta["total_seconds"] = round(time.perf_counter() - started, 6)
             names = ", ".join(sorted(saves)) or "nothing"
             emit(
@@ -324,27 +385,63 @@ class Runner:
         except UserError as error:
             meta["total_seconds"] = round(time.perf_counter() - started, 6)
             emit(JobEvent(spec.job_id, "ERROR", str(error), meta=meta))
-        except Exception as error:
+        except BaseException as error:
+            # BaseException too: a request that raises SystemExit must not stop the worker.
             meta["total_seconds"] = round(time.perf_counter() - started, 6)
-            emit(JobEvent(spec.job_id, "ERROR", user_traceback(error), meta=meta))
+            description = user_traceback(error)
+            if isinstance(error, MemoryError) or "can't allocate memory" in str(error):
+                description += (
+                    "\nYour request ran out of the memory this server allows one request. "
+                    "Use fewer or shorter inputs, or save less."
+                )
+            emit(JobEvent(spec.job_id, "ERROR", description, meta=meta))
         finally:
             self._restore_env()
 
     def _deserialize(self, spec: JobSpec) -> Any:
         from nnsight.schema.request import RequestModel
 
-        with open(spec.payload_path, "rb") as file:
-            blob = file.read()
+        if spec.payload_fd >= 0:
+            with os.fdopen(os.dup(spec.payload_fd), "rb") as file:
+                blob = file.read()
+        else:
+            with open(spec.payload_path, "rb") as file:
+                blob = file.read()
         kwargs = {} if self.unpickler is None else {"unpickler": self.unpickler}
         try:
             return RequestModel.deserialize(
                 blob, self.persistent_objects, spec.compress, **kwargs
             )
+        except SandboxViolation as error:
+            raise UserError(str(error)) from error
+        except RecursionError as error:
+            raise UserError(
+                "The server could not read your request: it is nested too deeply."
+            ) from error
         except Exception as error:
             raise UserError(
                 "The server could not read your request: "
                 f"{type(error).__name__}: {error}. "
                 + _deserialize_hint(error)
+            ) from error
+
+    def _serialize(self, saves: dict, compress: bool) -> bytes:
+        try:
+            return serialize_result(saves, compress)
+        except (JobTimeout, MemoryError):
+            raise
+        except Exception as error:
+            culprits = []
+            for name, value in saves.items():
+                try:
+                    serialize_result({name: value}, False)
+                except Exception:
+                    culprits.append(f"{name} ({type(value).__name__})")
+            raise UserError(
+                "Your saved values could not be sent back: "
+                f"{', '.join(culprits) or 'one of them'} cannot be serialized "
+                f"({type(error).__name__}: {error}). Save tensors, numbers, strings, "
+                "or lists and dicts of them."
             ) from error
 
     def _apply_env(self, env: dict) -> None:

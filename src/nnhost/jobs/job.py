@@ -39,7 +39,8 @@ ALLOWED: dict[Status, set[Status]] = {
     Status.DEPLOYING: _WAITING | {Status.DISPATCHED, Status.ERROR},
     # A worker that died before starting the job sends it back to the queue.
     Status.DISPATCHED: {Status.RUNNING, Status.QUEUED, Status.ERROR},
-    Status.RUNNING: {Status.COMPLETED, Status.ERROR},
+    # A graceful shutdown stops a running job and puts it back in the queue.
+    Status.RUNNING: {Status.COMPLETED, Status.ERROR, Status.QUEUED},
     Status.COMPLETED: set(),
     Status.ERROR: set(),
 }

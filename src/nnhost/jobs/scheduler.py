@@ -1,62 +1,121 @@
-"""Which waiting job runs next on a deployment.
+"""Which waiting job runs next on a deployment: fair queueing by execution time used.
 
-One queue per deployment; inside it, one FIFO per user, served round-robin, so
-a user who submits a hundred jobs delays another user's first job by at most
-one job per other user rather than by a hundred. The queue can say where a
-job stands, which is what a QUEUED description shows.
+Each deployment has one queue; inside it each user has a FIFO lane. The next
+job comes from the user who has used the least execution time (a virtual
+clock per user, charged an estimate when a job is dispatched and corrected by
+its real runtime when it ends), so a user with two hundred queued jobs and a
+user with five take turns, and a user whose jobs are long gets fewer turns than
+one whose jobs are short. A user who was idle re-enters at the current clock,
+never behind it, so idleness cannot be banked into a burst later. Users tagged
+``priority`` form a class served ahead of everyone else, fairly among
+themselves.
 
-It holds job ids only; it never touches the database or a replica.
+The queue can replay its own decisions without making them (`order`), which is
+how a QUEUED job learns its position and an estimated wait. It holds job ids
+only; it never touches the database or a replica.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Hashable, Optional
+
+#: Seconds charged for a job before anything has been measured.
+DEFAULT_COST = 1.0
+
+
+@dataclass
+class _Lane:
+    jobs: "deque[str]" = field(default_factory=deque)
+    priority: bool = False
 
 
 class FairQueue:
-    """Round-robin across users, FIFO within a user."""
-
     def __init__(self) -> None:
-        self._users: "OrderedDict[Hashable, deque[str]]" = OrderedDict()
+        self._lanes: dict[Hashable, _Lane] = {}
+        self._vtime: dict[Hashable, float] = {}
+        self._clock = 0.0
+        self._arrival: dict[str, int] = {}
+        self._counter = 0
+        self._charged: dict[str, tuple[Hashable, float]] = {}
+        #: Moving average of job runtimes here, used as the charge at dispatch.
+        self.mean_runtime = DEFAULT_COST
 
     def __len__(self) -> int:
-        return sum(len(jobs) for jobs in self._users.values())
+        return sum(len(lane.jobs) for lane in self._lanes.values())
 
-    def push(self, user: Hashable, job_id: str) -> None:
-        self._users.setdefault(user, deque()).append(job_id)
+    def push(self, user: Hashable, job_id: str, priority: bool = False) -> None:
+        lane = self._lanes.get(user)
+        if lane is None:
+            lane = self._lanes[user] = _Lane(priority=priority)
+            self._vtime[user] = max(self._vtime.get(user, 0.0), self._clock)
+        lane.priority = lane.priority or priority
+        lane.jobs.append(job_id)
+        self._counter += 1
+        self._arrival[job_id] = self._counter
+
+    def _rank(self, user: Hashable, vtime: float, head: str) -> tuple:
+        return (not self._lanes[user].priority, vtime, self._arrival[head])
+
+    def _pick(self) -> Optional[Hashable]:
+        best, best_key = None, None
+        for user, lane in self._lanes.items():
+            key = self._rank(user, self._vtime[user], lane.jobs[0])
+            if best_key is None or key < best_key:
+                best, best_key = user, key
+        return best
 
     def pop(self) -> Optional[str]:
-        if not self._users:
+        user = self._pick()
+        if user is None:
             return None
-        user, jobs = next(iter(self._users.items()))
-        job_id = jobs.popleft()
-        if jobs:
-            self._users.move_to_end(user)
-        else:
-            del self._users[user]
+        lane = self._lanes[user]
+        job_id = lane.jobs.popleft()
+        self._arrival.pop(job_id, None)
+        self._clock = max(self._clock, self._vtime[user])
+        cost = self.mean_runtime
+        self._vtime[user] += cost
+        self._charged[job_id] = (user, cost)
+        if not lane.jobs:
+            del self._lanes[user]
         return job_id
 
+    def finished(self, job_id: str, runtime: Optional[float]) -> None:
+        """Correct the user's charge for ``job_id`` by what it really used."""
+        user, charged = self._charged.pop(job_id, (None, 0.0))
+        if user is None or runtime is None:
+            return
+        self._vtime[user] = self._vtime.get(user, 0.0) + runtime - charged
+        self.mean_runtime = 0.8 * self.mean_runtime + 0.2 * max(runtime, 1e-3)
+
     def remove(self, job_id: str) -> bool:
-        for user, jobs in list(self._users.items()):
-            if job_id in jobs:
-                jobs.remove(job_id)
-                if not jobs:
-                    del self._users[user]
+        for user, lane in list(self._lanes.items()):
+            if job_id in lane.jobs:
+                lane.jobs.remove(job_id)
+                self._arrival.pop(job_id, None)
+                if not lane.jobs:
+                    del self._lanes[user]
                 return True
         return False
 
-    def order(self) -> list[str]:
-        """Every waiting job, in the order `pop` would hand them out."""
-        lanes = [list(jobs) for jobs in self._users.values()]
+    def order(self, limit: int = 10_000) -> list[str]:
+        """Waiting jobs in the order `pop` would hand them out (up to ``limit``)."""
+        heap = []
+        for user, lane in self._lanes.items():
+            vtime = self._vtime[user]
+            heapq.heappush(heap, (self._rank(user, vtime, lane.jobs[0]), vtime, 0, user))
         ordered: list[str] = []
-        depth = 0
-        while True:
-            row = [lane[depth] for lane in lanes if depth < len(lane)]
-            if not row:
-                return ordered
-            ordered.extend(row)
-            depth += 1
+        while heap and len(ordered) < limit:
+            _, vtime, index, user = heapq.heappop(heap)
+            jobs = self._lanes[user].jobs
+            ordered.append(jobs[index])
+            if index + 1 < len(jobs):
+                vtime += self.mean_runtime
+                rank = self._rank(user, vtime, jobs[index + 1])
+                heapq.heappush(heap, (rank, vtime, index + 1, user))
+        return ordered
 
 
 class Scheduler:
@@ -68,11 +127,14 @@ class Scheduler:
     def queue(self, deployment: str) -> FairQueue:
         return self._queues.setdefault(deployment, FairQueue())
 
-    def enqueue(self, deployment: str, user: Hashable, job_id: str) -> None:
-        self.queue(deployment).push(user, job_id)
+    def enqueue(self, deployment: str, user: Hashable, job_id: str, priority: bool = False) -> None:
+        self.queue(deployment).push(user, job_id, priority)
 
     def next(self, deployment: str) -> Optional[str]:
         return self.queue(deployment).pop()
+
+    def finished(self, deployment: str, job_id: str, runtime: Optional[float]) -> None:
+        self.queue(deployment).finished(job_id, runtime)
 
     def remove(self, deployment: str, job_id: str) -> bool:
         return self.queue(deployment).remove(job_id)
@@ -83,3 +145,6 @@ class Scheduler:
 
     def waiting(self, deployment: str) -> int:
         return len(self.queue(deployment))
+
+    def mean_runtime(self, deployment: str) -> float:
+        return self.queue(deployment).mean_runtime

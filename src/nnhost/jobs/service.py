@@ -21,7 +21,7 @@ from typing import Optional
 from ..auth.keys import Principal
 from ..config import Settings
 from ..deployments.catalog import ModelKey
-from ..deployments.manager import DeploymentManager
+from ..deployments.manager import CannotFit, DeploymentManager
 from ..execution.events import JobEvent, JobSpec
 from ..storage.results import BlobDir, LinkSigner
 from ..wire import Response
@@ -69,6 +69,11 @@ class JobService:
         self.payloads = payloads
         self.results = results
         self.signer = signer
+        #: Set on graceful shutdown: nothing new is dispatched.
+        self.draining = False
+        self._requeued: set[str] = set()
+        #: What each waiting job was last told, so unchanged news is not re-sent.
+        self._announced: dict[str, tuple] = {}
 
     # -- accepting -------------------------------------------------------------
 
@@ -105,22 +110,37 @@ class JobService:
         # always has what it needs to run.
         await asyncio.to_thread(self.payloads.write, job.id, blob)
         self.store.create(job)
-        self.scheduler.enqueue(deployment.name, principal.user_id, job.id)
+        self.scheduler.enqueue(
+            deployment.name, principal.user_id, job.id, priority="priority" in principal.tags
+        )
         self._announce_positions(deployment.name, only=job.id)
         self.pump(deployment.name)
         return job
 
     # -- dispatching -----------------------------------------------------------
 
+    def has_work(self, name: str) -> bool:
+        """Whether a deployment has jobs queued for it (it must not be evicted)."""
+        return self.scheduler.waiting(name) > 0
+
     def pump(self, name: str) -> None:
-        """Hand waiting jobs to the deployment while it has an idle replica."""
+        """Bring the deployment up if jobs wait for it, then hand them to idle replicas."""
         deployment = self.deployments.get(name)
-        moved = False
-        while deployment.ready:
+        if self.scheduler.waiting(name) == 0:
+            return
+        if deployment.target != "HOT" or deployment.unhealthy:
+            # Say so first: the model is not up and memory is being found for it.
+            self._announce_positions(name)
+            try:
+                self.deployments.request(name, "HOT")
+            except CannotFit as error:
+                self._fail_waiting(name, str(error))
+                return
+        while deployment.ready and not self.draining:
             job_id = self.scheduler.next(name)
             if job_id is None:
                 break
-            moved = True
+            self._announced.pop(job_id, None)
             job = self.store.get(job_id)
             if job is None or job.status.final:
                 continue
@@ -130,6 +150,7 @@ class JobService:
                 compress=job.compress,
                 env=job.env,
                 result_path=str(self.results.path(job.id)),
+                started_path=str(self.payloads.marker(job.id, "started")),
                 time_limit=self.settings.time_limit,
                 max_result_bytes=self.settings.max_result_bytes,
                 max_log_lines=self.settings.max_log_lines,
@@ -143,32 +164,68 @@ class JobService:
                 self._record(job.id, Status.QUEUED, "Waiting for the model to come back.")
                 self.scheduler.enqueue(name, job.user_id, job.id)
                 break
-        if moved:
-            self._announce_positions(name)
+        self._announce_positions(name)
+
+    def pump_all(self) -> None:
+        for name in self.deployments.deployments:
+            self.pump(name)
+
+    def _fail_waiting(self, name: str, reason: str) -> None:
+        while (job_id := self.scheduler.next(name)) is not None:
+            self.scheduler.finished(name, job_id, None)
+            job = self.store.get(job_id)
+            if job is not None and not job.status.final:
+                self._record(job_id, Status.ERROR, reason)
+                self.payloads.delete(job_id)
 
     def _announce_positions(self, name: str, only: Optional[str] = None) -> None:
-        positions = self.scheduler.positions(name)
+        """Tell waiting jobs where they stand: position and wait, or what the model is doing.
+
+        Exact near the head of the queue; further back only when a job moves into
+        a new band of 25, so a long queue costs a few writes per change, not one
+        per waiting job.
+        """
         deployment = self.deployments.get(name)
+        positions = self.scheduler.positions(name)
         total = len(positions)
+        replicas = max(1, deployment.spec.replicas)
+        mean = self.scheduler.mean_runtime(name)
         for job_id, position in positions.items():
             if only is not None and job_id != only:
                 continue
-            if deployment.state.state != "RUNNING":
-                where = f"{name} is loading ({deployment.state.state.lower()})"
-            elif deployment.replica.busy:
-                where = f"{name} is busy with another request"
+            near = position <= 25
+            where = f"position {position} of {total}" if near else f"about position {position // 25 * 25}"
+            if deployment.target != "HOT":
+                status = Status.PROVISIONING
+                description = (
+                    f"Waiting: {where}. {name} is not deployed; "
+                    f"{deployment.note or 'finding memory for it'}."
+                )
+            elif deployment.loading and not deployment.healthy:
+                status = Status.DEPLOYING
+                description = (
+                    f"Waiting: {where}. {deployment.note or f'Deploying {name}'}: "
+                    "loading its weights."
+                )
             else:
-                where = f"{name} is about to take it"
-            job = self.store.get(job_id)
-            if job is None:
+                status = Status.QUEUED
+                ahead = position - 1 + (1 if deployment.busy else 0)
+                wait = mean * ahead / replicas
+                estimate = f"estimated wait {wait:.0f}s" if wait >= 1 else "starting shortly"
+                description = f"Waiting in queue: {where} for {name}; {estimate}."
+            key = (status, description if near else position // 25)
+            if self._announced.get(job_id) == key:
                 continue
-            description = f"Waiting in queue: position {position} of {total}; {where}."
-            if job.status in (Status.RECEIVED, Status.QUEUED) and job.description != description:
-                self._record(job_id, Status.QUEUED, description)
+            self._announced[job_id] = key
+            job = self.store.get(job_id)
+            if job is not None and not job.status.final:
+                self._record(job_id, status, description)
 
     # -- replica events ----------------------------------------------------------
 
     def on_job_event(self, name: str, event: JobEvent) -> None:
+        if event.job_id in self._requeued:
+            return  # stopped by a graceful shutdown and already back in the queue
         job = self.store.get(event.job_id)
         if job is None or job.status.final:
             return
@@ -190,11 +247,36 @@ class JobService:
         else:
             self._record(job.id, status, event.description, meta=event.meta)
         if status.final:
-            self.payloads.delete(job.id)
-            self._announce_positions(name)
+            self._announced.pop(job.id, None)
+            self.payloads.delete(job.id, "started")
+            self.scheduler.finished(name, job.id, (event.meta or {}).get("runtime"))
 
-    def on_ready(self, name: str) -> None:
+    def on_change(self, name: str) -> None:
+        """A deployment changed state or a replica became idle: dispatch, re-announce."""
         self.pump(name)
+        # Capacity may have been freed for models waiting on the same memory.
+        for other in self.deployments.deployments:
+            if other != name and self.scheduler.waiting(other):
+                self.pump(other)
+
+    # -- cancelling ----------------------------------------------------------------
+
+    def cancel(self, job: Job) -> bool:
+        """Cancel a waiting or running job; False if it had already ended."""
+        if job.status.final:
+            return False
+        if self.scheduler.remove(job.deployment, job.id) or job.status in (
+            Status.RECEIVED, Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING
+        ):
+            self._announced.pop(job.id, None)
+            self._record(job.id, Status.ERROR, "Your request was cancelled while it was queued.")
+            self.payloads.delete(job.id)
+            self._announce_positions(job.deployment)
+            return True
+        if self.deployments.cancel(job.deployment, job.id):
+            return True  # the replica reports the ERROR once its worker is stopped
+        self._record(job.id, Status.ERROR, "Your request was cancelled.")
+        return True
 
     # -- recording and announcing ------------------------------------------------
 
@@ -251,25 +333,42 @@ class JobService:
     # -- housekeeping --------------------------------------------------------------
 
     def recover(self) -> None:
-        """After a restart: requeue what was waiting, fail what was running."""
+        """After a restart: requeue what had not started, fail what may have run."""
         waiting = (Status.RECEIVED, Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING)
         for job in self.store.with_status(waiting + (Status.DISPATCHED, Status.RUNNING)):
             name = job.deployment
-            known = name in self.deployments.deployments
-            if job.status is Status.RUNNING or not known or not self.payloads.exists(job.id):
-                reason = (
-                    "The server restarted while your request was running."
-                    if job.status is Status.RUNNING
-                    else f"The server restarted and no longer serves {name}."
-                    if not known
-                    else "The server restarted and your request's payload was lost."
-                )
-                self.store.transition(job.id, Status.ERROR, f"{reason} Please resubmit it.")
-                self.payloads.delete(job.id)
+            started = self.payloads.marker(job.id, "started").exists()
+            if job.status is Status.RUNNING or started:
+                reason = "The server restarted while your request was running."
+            elif name not in self.deployments.deployments:
+                reason = f"The server restarted and no longer serves {name}."
+            elif not self.payloads.exists(job.id):
+                reason = "The server restarted and your request's payload was lost."
+            else:
+                if job.status is Status.DISPATCHED:
+                    self.store.transition(job.id, Status.QUEUED, "Requeued after a server restart.")
+                self.scheduler.enqueue(name, job.user_id, job.id)
                 continue
-            if job.status is Status.DISPATCHED:
-                self.store.transition(job.id, Status.QUEUED, "Requeued after a server restart.")
-            self.scheduler.enqueue(name, job.user_id, job.id)
+            # Never run twice what may already have run: the user decides.
+            self.store.transition(job.id, Status.ERROR, f"{reason} Please resubmit it.")
+            self.payloads.delete(job.id, "started")
+
+    async def drain(self, grace: float) -> None:
+        """Graceful shutdown: stop dispatching, let running jobs finish, requeue the rest."""
+        self.draining = True
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(
+            d.busy for d in self.deployments.deployments.values()
+        ):
+            await asyncio.sleep(0.1)
+        for job in self.store.with_status((Status.DISPATCHED, Status.RUNNING)):
+            # Stopped before it could finish: it never completed, so it runs again
+            # after the restart (the started marker goes, so recovery requeues it).
+            self._requeued.add(job.id)
+            self.store.transition(
+                job.id, Status.QUEUED, "The server is restarting; your request will run again."
+            )
+            self.payloads.marker(job.id, "started").unlink(missing_ok=True)
 
     def sweep_results(self, now: Optional[float] = None) -> int:
         """Delete results past their retention; returns how many."""

@@ -88,6 +88,30 @@ class JobStore:
         ).fetchall()
         return [_job(row) for row in rows]
 
+    def unfinished_count(self, user_id: int) -> int:
+        """How many of the user's jobs are waiting or running (for the queued-jobs limit)."""
+        return self._db.execute(
+            "SELECT COUNT(*) FROM jobs WHERE user_id = ? AND status NOT IN (?, ?)",
+            (user_id, Status.COMPLETED.value, Status.ERROR.value),
+        ).fetchone()[0]
+
+    def search(
+        self, *, user_id: Optional[int] = None, deployment: Optional[str] = None, limit: int = 100
+    ) -> list[Job]:
+        """Most recent jobs first, optionally of one user and/or one deployment."""
+        clauses, values = [], []
+        if user_id is not None:
+            clauses.append("user_id = ?")
+            values.append(user_id)
+        if deployment is not None:
+            clauses.append("deployment = ?")
+            values.append(deployment)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self._db.execute(
+            f"SELECT * FROM jobs {where} ORDER BY created_at DESC LIMIT ?", (*values, limit)
+        ).fetchall()
+        return [_job(row) for row in rows]
+
     def expired_results(self, now: float) -> list[Job]:
         rows = self._db.execute(
             "SELECT * FROM jobs WHERE result_expires_at IS NOT NULL AND result_expires_at <= ?",

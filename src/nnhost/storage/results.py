@@ -43,6 +43,10 @@ class BlobDir:
         os.replace(partial, path)
         return path
 
+    def marker(self, job_id: str, name: str) -> Path:
+        """A side file of a job's blob (e.g. ``started``)."""
+        return self.path(job_id).with_name(f"{job_id}.{name}")
+
     def exists(self, job_id: str) -> bool:
         return self.path(job_id).is_file()
 
@@ -55,11 +59,12 @@ class BlobDir:
     def read(self, job_id: str) -> bytes:
         return self.path(job_id).read_bytes()
 
-    def delete(self, job_id: str) -> None:
-        try:
-            self.path(job_id).unlink()
-        except FileNotFoundError:
-            pass
+    def delete(self, job_id: str, *markers: str) -> None:
+        for path in (self.path(job_id), *(self.marker(job_id, m) for m in markers)):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
 
 
 class LinkSigner:

@@ -1,0 +1,252 @@
+"""What one user may ask of the server, and counting attempts that failed.
+
+Limits are set by the operator per user tag, in ``nnhost.toml``::
+
+    [limits.default]          # everyone
+    requests_per_minute = 120
+    queued_jobs = 16
+    [limits.priority]         # users tagged "priority"
+    requests_per_minute = 600
+    burst = 50
+    queued_jobs = 64
+    request_bytes = "1GiB"
+
+A field a user's tags don't set comes from ``default``; when several of a
+user's tags set it, the most generous wins; ``0`` means "no limit" (for
+``request_bytes``: the server's ``max_request_bytes``). Limits apply to the
+user, whichever of their keys they use, so making more keys buys nothing.
+
+Requests per minute is a token bucket (``burst`` requests at once, refilled at
+the per-minute rate); a refusal tells how long until the next token. Failed
+key and password attempts are counted per client address in a sliding
+window; an address over the limit is refused until its oldest failure ages
+out. Counters live in this process (one API process today; a shared store
+such as Redis could sit behind the same two classes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Iterable, Mapping, Optional
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Limits:
+    #: Sustained requests a minute to /request (0: no limit).
+    requests_per_minute: float = 0
+    #: Requests that may come at once before the per-minute rate applies (0: one minute's worth).
+    burst: int = 0
+    #: Jobs waiting or running at once (0: no limit).
+    queued_jobs: int = 0
+    #: Largest request body in bytes (0: the server's max_request_bytes).
+    request_bytes: int = 0
+
+    @property
+    def capacity(self) -> float:
+        return float(self.burst or max(1, math.ceil(self.requests_per_minute)))
+
+
+FIELDS = tuple(f.name for f in fields(Limits))
+
+#: What applies when the operator says nothing: generous for people, none for admins.
+BUILTIN: dict[str, dict[str, Any]] = {
+    "default": {"requests_per_minute": 120, "queued_jobs": 16},
+    "admin": {"requests_per_minute": 0, "queued_jobs": 0},
+}
+
+_SIZE = re.compile(r"^\s*([\d.]+)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
+
+
+class LimitsConfigError(ValueError):
+    """The operator's limits tables can't be read; the message says which entry."""
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from 1048576, "1MiB", "512MB" or "2G"."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ValueError(f"not a size: {value!r}")
+    number, unit = float(match.group(1)), (match.group(2) or "").lower()
+    binary = "i" in unit
+    letter = unit.rstrip("b").rstrip("i")
+    factor = 1024 ** "kmgt".index(letter) * 1024 if (binary and letter) else _UNITS[letter]
+    return int(number * factor)
+
+
+def _number(tag: str, name: str, value: Any) -> float:
+    try:
+        number = parse_size(value) if name == "request_bytes" else float(value)
+    except (TypeError, ValueError):
+        raise LimitsConfigError(f"[limits.{tag}] {name} = {value!r} is not a number") from None
+    if number < 0:
+        raise LimitsConfigError(f"[limits.{tag}] {name} must not be negative (0 means no limit)")
+    return number
+
+
+class LimitPolicy:
+    """The limits of each combination of tags, from the operator's tables."""
+
+    def __init__(
+        self, tables: Optional[Mapping[str, Any]] = None, *, max_request_bytes: int
+    ) -> None:
+        if isinstance(tables, str):
+            try:
+                tables = json.loads(tables) if tables.strip() else {}
+            except ValueError:
+                raise LimitsConfigError("limits must be TOML tables or a JSON object") from None
+        merged: dict[str, dict[str, float]] = {tag: dict(t) for tag, t in BUILTIN.items()}
+        for tag, table in (tables or {}).items():
+            if not isinstance(table, Mapping):
+                raise LimitsConfigError(
+                    f"limits.{tag} must be a table of {', '.join(FIELDS)} (e.g. [limits.{tag}])"
+                )
+            for name, value in table.items():
+                if name not in FIELDS:
+                    raise LimitsConfigError(
+                        f"[limits.{tag}] has an unknown setting {name!r}; "
+                        f"known: {', '.join(FIELDS)}"
+                    )
+                merged.setdefault(tag.strip().lower(), {})[name] = _number(tag, name, value)
+        self.tables = merged
+        self.max_request_bytes = max_request_bytes
+        self._cache: dict[tuple[str, ...], Limits] = {}
+
+    def for_tags(self, tags: Iterable[str]) -> Limits:
+        key = tuple(sorted(set(tags)))
+        cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        values: dict[str, float] = {}
+        for name in FIELDS:
+            candidates = [self.tables[tag][name] for tag in key if name in self.tables.get(tag, {})]
+            if not candidates:
+                values[name] = self.tables["default"].get(name, 0)
+            elif name == "request_bytes":
+                values[name] = max(c or self.max_request_bytes for c in candidates)
+            else:
+                values[name] = 0 if 0 in candidates else max(candidates)
+        limits = Limits(
+            requests_per_minute=values["requests_per_minute"],
+            burst=int(values["burst"]),
+            queued_jobs=int(values["queued_jobs"]),
+            request_bytes=int(values["request_bytes"] or self.max_request_bytes),
+        )
+        self._cache[key] = limits
+        return limits
+
+
+class RequestRate:
+    """Token buckets, one per user: how long until they may send another request."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._buckets: dict[Any, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, subject: Any, limits: Limits) -> float:
+        """Spend one token and return 0, or return the seconds to wait (spending nothing)."""
+        if not limits.requests_per_minute:
+            return 0.0
+        rate = limits.requests_per_minute / 60.0
+        capacity = limits.capacity
+        now = self._clock()
+        with self._lock:
+            tokens, then = self._buckets.get(subject, (capacity, now))
+            tokens = min(capacity, tokens + (now - then) * rate)
+            if tokens >= 1.0:
+                self._buckets[subject] = (tokens - 1.0, now)
+                if len(self._buckets) > 10_000:
+                    self._forget_full(now, rate, capacity)
+                return 0.0
+            self._buckets[subject] = (tokens, now)
+            return (1.0 - tokens) / rate
+
+    def _forget_full(self, now: float, rate: float, capacity: float) -> None:
+        for subject, (tokens, then) in list(self._buckets.items()):
+            if tokens + (now - then) * rate >= capacity:
+                del self._buckets[subject]
+
+
+class FailureCounter:
+    """Failed attempts per client address in a sliding window."""
+
+    def __init__(
+        self, limit: int, window: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.limit = limit
+        self.window = window
+        self._clock = clock
+        self._failures: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def _recent(self, address: str, now: float) -> deque:
+        failures = self._failures.get(address)
+        if failures is None:
+            return deque()
+        while failures and failures[0] <= now - self.window:
+            failures.popleft()
+        if not failures:
+            del self._failures[address]
+        return failures
+
+    def blocked_for(self, address: str) -> float:
+        """Seconds until ``address`` may try again (0: it may now)."""
+        if self.limit <= 0:
+            return 0.0
+        now = self._clock()
+        with self._lock:
+            failures = self._recent(address, now)
+            if len(failures) < self.limit:
+                return 0.0
+            return failures[-self.limit] + self.window - now
+
+    def record(self, address: str) -> None:
+        if self.limit <= 0:
+            return
+        now = self._clock()
+        with self._lock:
+            self._recent(address, now)
+            self._failures.setdefault(address, deque()).append(now)
+            if len(self._failures) > 10_000:
+                for other in list(self._failures):
+                    self._recent(other, now)
+
+
+def retry_after(seconds: float) -> str:
+    """A Retry-After header value: whole seconds, at least 1."""
+    return str(max(1, math.ceil(seconds)))
+
+
+def describe(limits: Limits) -> str:
+    """The limits in a sentence, for refusals and the account page."""
+    parts = []
+    if limits.requests_per_minute:
+        rate = f"{limits.requests_per_minute:g} requests a minute"
+        if limits.burst:
+            rate += f" (up to {limits.burst} at once)"
+        parts.append(rate)
+    if limits.queued_jobs:
+        plural = "" if limits.queued_jobs == 1 else "s"
+        parts.append(f"{limits.queued_jobs} request{plural} waiting or running at once")
+    parts.append(f"requests of up to {format_bytes(limits.request_bytes)}")
+    return ", ".join(parts)
+
+
+def format_bytes(size: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:g} {unit}" if unit == "B" else f"{size:.3g} {unit}"
+        size /= 1024
+    return f"{size} B"
+

@@ -1,0 +1,374 @@
+"""Containing the worker process at the operating-system level.
+
+The Python-level sandbox (`sandbox`) turns the obvious escapes into clear
+refusals, but Python is not a security boundary: an allowed library can always
+be coaxed into something. This module is the boundary. Once the model is loaded
+(loading may need the network and the model cache), the worker process that
+will run user code is shut in, layer by layer:
+
+=============  ==============================================================
+filesystem     a private mount namespace: every mount read-only; ``/tmp`` (and
+               ``/dev/shm``, ``/var/tmp``) a small private tmpfs, the only place
+               it can write; the server's data directory (database, payloads,
+               results of every user), the model cache and home directories
+               hidden under empty mounts; ``/etc/passwd`` and ``/etc/group``
+               replaced by two-line stand-ins; ``/proc`` remounted so that other
+               users' processes are invisible (``hidepid=2``).
+network        a new, empty network namespace: only a loopback interface, down.
+               The pipe to the server is a socketpair, so it keeps working.
+identity       a user and group of its own (``uid_base + pid``, unique among
+               live workers), no supplementary groups, no capabilities,
+               ``no_new_privs`` (no setuid binary can give them back), not
+               dumpable (no other process of that user can read its memory).
+environment    every variable dropped but a few harmless ones, and the initial
+               environment block in memory zeroed, so ``/proc/self/environ``
+               shows nothing of the server's secrets either.
+limits         ``RLIMIT_DATA`` (memory), ``RLIMIT_NPROC`` (no fork bombs),
+               ``RLIMIT_NOFILE``, ``RLIMIT_FSIZE`` (no file larger than the
+               largest result), ``RLIMIT_CORE`` 0.
+memory         freed heap memory is overwritten (glibc ``M_PERTURB``), so an
+               uninitialised tensor cannot show a previous request's data.
+=============  ==============================================================
+
+The worker never needs the data directory afterwards: the server hands it each
+job's payload and result as open file descriptors (see `handoff`).
+
+Each layer is attempted on its own; one the machine does not permit (not
+root, no namespaces in a container) is reported with the reason, and the
+worker runs with the others. `describe` turns the report into the line the
+server logs at start-up and shows in ``/status``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import itertools
+import os
+import resource
+from dataclasses import dataclass, field
+import sys
+from typing import Optional
+
+MiB = 1024 * 1024
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWNET = 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 32, 4096, 8192, 16384, 1 << 18
+PR_SET_PDEATHSIG, PR_GET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 2, 4, 38
+M_PERTURB = -6
+
+#: What may stay in the environment of a contained worker.
+KEPT_ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+#: Hidden by default, besides the server's own folders.
+DEFAULT_HIDDEN = ("/root", "/home", "/run", "/var/run", "/mnt", "/media", "/srv", "/var/log",
+                  "/var/lib", "/etc/shadow", "/etc/gshadow", "/etc/ssh", "/opt")
+
+LAYERS = ("filesystem", "network", "identity", "environment", "limits", "memory")
+
+
+@dataclass
+class ContainmentPolicy:
+    """How to shut a worker in (JSON-native: it travels to the worker process)."""
+
+    enabled: bool = True
+    #: Folders and files the worker must not see (data dir, model cache, ...).
+    hide: list = field(default_factory=list)
+    #: Size of the private scratch tmpfs at /tmp.
+    scratch_bytes: int = 256 * MiB
+    #: Memory a job may use on top of what the loaded worker already maps (0: 8 GiB).
+    memory_bytes: int = 0
+    #: Largest file the worker may write (the result cap), 0 for no limit.
+    max_file_bytes: int = 0
+    #: Workers run as uid/gid ``uid_base + pid``.
+    uid_base: int = 200_000
+    open_files: int = 512
+    #: Threads and processes on top of what the loaded worker has.
+    extra_tasks: int = 32
+
+
+@dataclass
+class ContainmentReport:
+    active: list = field(default_factory=list)
+    unavailable: dict = field(default_factory=dict)
+    enabled: bool = True
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return "containment off (trusted deployment): user code runs unconfined"
+        text = "containment layers active: " + (", ".join(self.active) or "none")
+        if self.unavailable:
+            text += "; unavailable here: " + "; ".join(
+                f"{name} ({why})" for name, why in self.unavailable.items()
+            )
+        return text
+
+    def to_dict(self) -> dict:
+        return {"enabled": self.enabled, "active": list(self.active), "unavailable": dict(self.unavailable)}
+
+
+_libc = None
+
+
+def _c() -> ctypes.CDLL:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+        _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    return _libc
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"{what}: {os.strerror(error)}")
+
+
+def _mount(source: Optional[str], target: str, fstype: Optional[str], flags: int, data: str = "") -> None:
+    encode = lambda s: s.encode() if s is not None else None  # noqa: E731
+    _check(
+        _c().mount(encode(source), encode(target), encode(fstype), flags, encode(data) if data else None),
+        f"mount {target}",
+    )
+
+
+def _unshare(flags: int, what: str) -> None:
+    _check(_c().unshare(flags), f"unshare {what}")
+
+
+# --- before loading: a private mount namespace ----------------------------------------
+
+
+def enter_private_namespaces() -> Optional[str]:
+    """Give this (still single-threaded) process its own mount and IPC namespaces.
+
+    Done first thing in the worker, before any thread exists, so the whole
+    process is in them; nothing is changed yet, so loading sees the usual files.
+    Returns why it failed, or None.
+    """
+    try:
+        _unshare(CLONE_NEWNS | CLONE_NEWIPC, "mount+ipc namespaces")
+        _mount("none", "/", None, MS_REC | MS_PRIVATE)
+        return None
+    except (OSError, AttributeError) as error:
+        return str(error)
+
+
+# --- after loading: the layers ------------------------------------------------------------
+
+
+def _mounts() -> list[str]:
+    points = []
+    with open("/proc/self/mountinfo") as file:
+        for line in file:
+            parts = line.split()
+            points.append(parts[4].replace("\\040", " "))
+    return points
+
+
+def _flags_of(point: str) -> int:
+    flags = 0
+    with open("/proc/self/mountinfo") as file:
+        for line in file:
+            parts = line.split()
+            if parts[4] == point:
+                options = parts[5].split(",")
+                flags = (MS_NOSUID if "nosuid" in options else 0) | (MS_NODEV if "nodev" in options else 0) | (
+                    MS_NOEXEC if "noexec" in options else 0
+                )
+    return flags
+
+
+def _contain_filesystem(policy: ContainmentPolicy, uid: int, gid: int) -> None:
+    scratch = ("/tmp", "/dev/shm", "/var/tmp")
+    options = f"mode=0700,uid={uid},gid={gid}"
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy.scratch_bytes},{options}")
+    for point in scratch[1:]:
+        if os.path.isdir(point) and not os.path.islink(point):
+            _mount("tmpfs", point, "tmpfs", MS_NOSUID | MS_NODEV, f"size={16 * MiB},{options}")
+    # Stand-ins for the user databases: the machine's accounts are nobody's business.
+    stand_ins = {
+        "/etc/passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\nnnhost:x:{uid}:{gid}:nnhost worker:/tmp:/usr/sbin/nologin\n",
+        "/etc/group": f"root:x:0:\nnnhost:x:{gid}:\n",
+    }
+    os.makedirs("/tmp/.nnhost-etc", mode=0o755, exist_ok=True)
+    for path, text in stand_ins.items():
+        if os.path.isfile(path):
+            stand_in = f"/tmp/.nnhost-etc/{os.path.basename(path)}"
+            with open(stand_in, "w") as file:
+                file.write(text)
+            os.chmod(stand_in, 0o644)
+            _mount(stand_in, path, None, MS_BIND)
+    hidden = dict.fromkeys(os.path.realpath(p) for p in list(policy.hide) + list(DEFAULT_HIDDEN) if p)
+    for real in sorted(hidden, key=len):
+        if real in ("/", "/tmp") or real.startswith("/tmp/") or not os.path.lexists(real):
+            # Already gone from view behind the scratch tmpfs, or nothing there.
+            continue
+        if os.path.isdir(real):
+            _hide_directory(real)
+        else:
+            _mount("/dev/null", real, None, MS_BIND)
+    try:
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+    except OSError:
+        pass  # the old /proc stays; it is made read-only with the rest
+    keep_writable = set(scratch)
+    for point in sorted(set(_mounts()), key=len, reverse=True):
+        if point in keep_writable or point.startswith("/tmp/"):
+            continue
+        try:
+            _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _flags_of(point))
+        except OSError:
+            if point == "/":
+                raise
+    probe = "/.nnhost-write-probe"
+    try:
+        with open(probe, "w"):
+            pass
+        os.unlink(probe)
+        raise OSError("the root filesystem is still writable")
+    except OSError as error:
+        if error.errno is None:
+            raise
+
+
+def _import_roots() -> list[str]:
+    """Where Python finds modules: these must stay visible, whatever folder they are in."""
+    roots = [sys.base_prefix, sys.prefix] + [p for p in sys.path if p]
+    return [r for r in dict.fromkeys(os.path.realpath(p) for p in roots) if os.path.isdir(r)]
+
+
+_stages = itertools.count()
+
+
+def _hide_directory(real: str) -> None:
+    """Cover ``real`` with an empty read-only tmpfs, keeping Python's own folders in it.
+
+    A Python installed under a home directory (pyenv, conda, a venv) must stay
+    importable: those folders are bind-mounted aside first, then moved back
+    into the otherwise empty tmpfs at their old paths.
+    """
+    keeps = [r for r in _import_roots() if r.startswith(real + "/")]
+    keeps = [k for k in keeps if not any(k != o and k.startswith(o + "/") for o in keeps)]
+    staged = []
+    for keep in keeps:
+        stage = f"/tmp/.nnhost-keep/{next(_stages)}"
+        os.makedirs(stage, exist_ok=True)
+        _mount(keep, stage, None, MS_BIND | MS_REC)
+        staged.append((stage, keep))
+    _mount("tmpfs", real, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
+    for stage, keep in staged:
+        os.makedirs(keep, mode=0o755, exist_ok=True)
+        _mount(stage, keep, None, MS_MOVE)
+    _mount(None, real, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _wipe_environment() -> None:
+    kept = {name: os.environ[name] for name in KEPT_ENVIRONMENT if name in os.environ}
+    os.environ.clear()
+    os.environ.update(kept)
+    os.environ.update(
+        HOME="/tmp", TMPDIR="/tmp", USER="nnhost", LOGNAME="nnhost",
+        HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+    )
+    # os.environ.clear() unsets the variables, but /proc/self/environ shows the
+    # block the process was started with, which is still in memory: zero it.
+    with open("/proc/self/stat") as file:
+        fields = file.read().rsplit(")", 1)[1].split()
+    start, end = int(fields[47]), int(fields[48])
+    if 0 < start < end and end - start < 16 * MiB:
+        ctypes.memset(start, 0, end - start)
+
+
+def _data_size() -> int:
+    """Private writable memory this process maps now (what RLIMIT_DATA counts)."""
+    with open("/proc/self/status") as file:
+        for line in file:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _tasks() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 64
+
+
+def _set_limit(kind: int, value: int) -> None:
+    resource.setrlimit(kind, (value, value))
+
+
+def _apply_limits(policy: ContainmentPolicy, reserve: int) -> list[str]:
+    # RLIMIT_DATA rather than RLIMIT_AS: it counts the private writable memory
+    # a job allocates, not address space reserved without being used (thread
+    # stacks, allocator arenas, an accelerator's mappings), nor the read-only
+    # weights. ``reserve`` leaves room for weights that may come back to host
+    # memory later (a deployment demoted from an accelerator to WARM).
+    memory = policy.memory_bytes or 8 * 1024 * MiB
+    _set_limit(resource.RLIMIT_CORE, 0)
+    _set_limit(resource.RLIMIT_DATA, _data_size() + memory + reserve)
+    _set_limit(resource.RLIMIT_NOFILE, max(policy.open_files, 64))
+    if policy.max_file_bytes:
+        _set_limit(resource.RLIMIT_FSIZE, policy.max_file_bytes + MiB)
+    _set_limit(resource.RLIMIT_NPROC, _tasks() + max(policy.extra_tasks, 8))
+    return [f"memory {memory // MiB} MiB", f"{max(policy.extra_tasks, 8)} extra tasks"]
+
+
+def _drop_identity(uid: int, gid: int) -> None:
+    libc = _c()
+    # Changing credentials clears the parent-death signal: keep the worker's.
+    death_signal = ctypes.c_int(0)
+    libc.prctl(PR_GET_PDEATHSIG, ctypes.addressof(death_signal), 0, 0, 0)
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if death_signal.value:
+        _check(libc.prctl(PR_SET_PDEATHSIG, death_signal.value, 0, 0, 0), "prctl(PDEATHSIG)")
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    _check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(DUMPABLE)")
+    with open("/proc/self/status") as file:
+        effective = next(line for line in file if line.startswith("CapEff:")).split()[1]
+    if int(effective, 16) != 0:
+        raise OSError(f"capabilities remain ({effective})")
+
+
+def contain(
+    policy: ContainmentPolicy, namespaces_problem: Optional[str], reserve_bytes: int = 0
+) -> ContainmentReport:
+    """Apply every layer this machine permits; report which are active and why not the rest.
+
+    ``reserve_bytes``: host memory to allow on top of a job's budget (weights
+    held on an accelerator now, which may move to host memory later).
+    """
+    report = ContainmentReport(enabled=policy.enabled)
+    if not policy.enabled:
+        return report
+    root = os.geteuid() == 0
+    uid = gid = policy.uid_base + os.getpid()
+
+    def layer(name: str, action, needs_root: bool = False) -> None:
+        if needs_root and not root:
+            report.unavailable[name] = "needs root"
+            return
+        try:
+            action()
+            report.active.append(name)
+        except Exception as error:  # each layer stands alone
+            report.unavailable[name] = str(error) or type(error).__name__
+
+    if namespaces_problem:
+        report.unavailable["filesystem"] = f"no mount namespace: {namespaces_problem}"
+    else:
+        layer("filesystem", lambda: _contain_filesystem(policy, uid, gid), needs_root=True)
+    layer("network", lambda: _unshare(CLONE_NEWNET, "network namespace"), needs_root=True)
+    layer("environment", _wipe_environment)
+    layer("memory", lambda: _check(0 if _c().mallopt(M_PERTURB, 0xA5) == 1 else 1, "mallopt"))
+    layer("limits", lambda: _apply_limits(policy, reserve_bytes))
+    layer("identity", lambda: _drop_identity(uid, gid), needs_root=True)
+    return report

@@ -1,0 +1,74 @@
+"""The worker's security policy: what the operator configured, as the worker needs it.
+
+The API process builds a `WorkerPolicy` from its settings and hands it to each
+worker process through one environment variable (JSON), which the worker reads
+and removes before anything else runs. Keeping it to plain values means the
+execution side needs no knowledge of the server's configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, MutableMapping, Optional
+
+from .containment import ContainmentPolicy
+from .sandbox import DEFAULT_ALLOWED_IMPORTS, SandboxPolicy
+
+ENVIRONMENT_KEY = "NNHOST_WORKER_POLICY"
+
+
+@dataclass
+class WorkerPolicy:
+    #: The operator switch: False runs user code unconfined (trusted deployments).
+    containment: bool = True
+    allowed_imports: list = field(default_factory=lambda: list(DEFAULT_ALLOWED_IMPORTS))
+    limits: ContainmentPolicy = field(default_factory=ContainmentPolicy)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limits, dict):
+            self.limits = ContainmentPolicy(**self.limits)
+        self.limits.enabled = self.containment
+
+    @property
+    def sandbox(self) -> SandboxPolicy:
+        return SandboxPolicy.from_names(self.allowed_imports, enabled=self.containment)
+
+    def to_environ(self) -> dict:
+        return {ENVIRONMENT_KEY: json.dumps(asdict(self))}
+
+    @classmethod
+    def from_environ(cls, environ: MutableMapping[str, str]) -> "WorkerPolicy":
+        """The policy the server sent (removed from ``environ``); the safe default if none."""
+        text: Optional[str] = environ.pop(ENVIRONMENT_KEY, None)
+        if not text:
+            return cls()
+        data: Any = json.loads(text)
+        return cls(**data)
+
+
+def policy_from_settings(settings: Any) -> WorkerPolicy:
+    """Build the policy from the server's settings (duck-typed: execution knows no Settings)."""
+    data_dir = str(getattr(settings, "data_dir", "") or "")
+    hide = [data_dir] if data_dir else []
+    hf_home = getattr(settings, "hf_home", None)
+    if hf_home:
+        hide.append(str(hf_home))
+    hide.extend(str(path) for path in getattr(settings, "hidden_paths", []) or [])
+    limits = ContainmentPolicy(
+        hide=hide,
+        scratch_bytes=int(getattr(settings, "scratch_bytes", 0) or ContainmentPolicy.scratch_bytes),
+        memory_bytes=int(getattr(settings, "job_memory_bytes", 0) or 0),
+        max_file_bytes=int(getattr(settings, "max_result_bytes", 0) or 0),
+        uid_base=int(getattr(settings, "worker_uid_base", 0) or ContainmentPolicy.uid_base),
+    )
+    return WorkerPolicy(
+        containment=bool(getattr(settings, "containment", True)),
+        allowed_imports=list(getattr(settings, "allowed_imports", None) or DEFAULT_ALLOWED_IMPORTS),
+        limits=limits,
+    )
+
+
+def pop_policy() -> WorkerPolicy:
+    return WorkerPolicy.from_environ(os.environ)

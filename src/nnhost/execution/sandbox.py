@@ -1,0 +1,430 @@
+"""What untrusted code may import and touch, checked in Python before and while it runs.
+
+A request is a stranger's Python. This module is the *Python-level* layer of
+its containment: a speed bump that turns the obvious escapes into clear,
+early refusals, not the boundary itself. Python offers too many doors (every
+allowed library reaches ``os`` somewhere, and some evaluate strings), so the
+operating-system layers in `containment` are what actually keep a request away
+from the network, the disk and the server's secrets. Both are needed: this
+layer gives users a readable reason, the other holds when this one is beaten.
+
+What it does:
+
+* `SandboxPolicy` says which top-level modules user code may import (the
+  operator's ``allowed_imports`` plus ``nnsight`` itself, which every payload
+  references).
+* `check_source` parses the traced block, and every function shipped by value,
+  and refuses: imports outside the policy; dunder attributes (``__class__``,
+  ``__globals__``, ``__subclasses__``, ...) except a few harmless protocol
+  methods; frame and code introspection (``tb_frame``, ``f_globals``, ...);
+  attribute names that lead to modules or functions which read files, load
+  pickles or evaluate strings (``torch.os``, ``np.load``, ``sympy.lambdify``);
+  the builtins ``eval``, ``exec``, ``compile``, ``open``, ``globals``, ``vars``
+  and friends; ``__del__`` methods (a finaliser would run during a later job).
+* `guarded_builtins` is the ``__builtins__`` user code runs with: without the
+  refused builtins, with an ``__import__`` that applies the policy at run time
+  (for imports inside shipped functions, or spelled dynamically), and with
+  ``getattr``/``setattr``/``delattr``/``hasattr`` that apply the attribute rules
+  to names computed at run time.
+* `harden_libraries` closes the string-evaluating paths of allowed libraries
+  (``typing`` forward references, ``sympy``'s parser) by checking the string with
+  the same rules before it is evaluated.
+
+It never decides anything about the worker process: see `containment`.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins as _builtins
+import contextlib
+import sys
+import threading
+import types
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Optional
+
+#: What user code may import unless the operator says otherwise.
+DEFAULT_ALLOWED_IMPORTS: tuple[str, ...] = (
+    "builtins",
+    "math",
+    "typing",
+    "collections",
+    "time",
+    "torch",
+    "numpy",
+    "einops",
+    "sympy",
+    "nnterp",
+)
+
+#: Always importable: every request payload refers to nnsight's own objects.
+PROTOCOL_MODULES: tuple[str, ...] = ("nnsight",)
+
+#: Protocol methods a user may name: using them reveals nothing about the process.
+SAFE_DUNDERS = frozenset(
+    f"__{name}__"
+    for name in (
+        "init call len getitem setitem delitem contains iter next reversed enter exit "
+        "repr str format name qualname doc hash bool eq ne lt le gt ge "
+        "add sub mul truediv floordiv mod pow matmul and or xor lshift rshift divmod "
+        "radd rsub rmul rtruediv rfloordiv rmod rpow rmatmul rand ror rxor rlshift rrshift "
+        "iadd isub imul itruediv ifloordiv imod ipow imatmul iand ior ixor ilshift irshift "
+        "neg pos abs invert int float complex index round trunc floor ceil "
+        "array torch_function post_init"
+    ).split()
+)
+
+#: Attribute names refused wherever they appear: introspection that leads out of
+#: the sandbox, modules an allowed library happens to hold (``torch.os``), and
+#: functions that read or write files, unpickle, evaluate strings or reach memory.
+DENIED_ATTRIBUTES = frozenset(
+    (
+        # frames, code and the class graph
+        "tb_frame tb_next f_globals f_locals f_builtins f_back f_code f_trace "
+        "gi_frame gi_code cr_frame cr_code ag_frame ag_code co_code mro "
+        "func_globals func_code im_func im_self code globals SOURCES BLOCKS "
+        # modules that an allowed package holds as an attribute
+        "os sys subprocess builtins importlib ctypes _ctypes socket shutil pathlib "
+        "pickle cloudpickle dill marshal gc inspect threading _thread multiprocessing "
+        "signal posix nt resource mmap pty fcntl tempfile glob code codeop runpy "
+        "platform sysconfig site io types weakref linecache traceback asyncio "
+        "concurrent http urllib requests httpx ssl select selectors zipimport pkgutil "
+        "webbrowser atexit faulthandler tracemalloc serialization ctypeslib "
+        # files, pickles, native code, string evaluation, raw memory
+        "load loads from_file fromfile tofile memmap load_library read_array "
+        "npyio lib hub jit package cpp_extension _C _dynamo _inductor compile "
+        "deserialize lambdify parse_expr eval exec system popen spawnv execv fork "
+        "as_strided save_pretrained push_to_hub open loadtxt genfromtxt savetxt savez "
+        "savez_compressed fromregex DataSource read_text read_bytes write_text write_bytes "
+        "collect_env f2py distutils hipify _internal"
+    ).split()
+)
+
+#: Builtins user code does not get (each is a way out, or a way to the disk).
+REMOVED_BUILTINS = frozenset(
+    "eval exec compile open input breakpoint help exit quit copyright credits license "
+    "globals locals vars memoryview __loader__ __spec__".split()
+)
+
+#: Names a block may not mention at all.
+DENIED_NAMES = REMOVED_BUILTINS | {"__import__", "__builtins__"}
+
+#: Methods a user's class may not define.
+DENIED_METHODS = frozenset({"__del__", "__init_subclass__", "__set_name__", "__class_getitem__"})
+
+
+class SandboxViolation(Exception):
+    """User code asked for something this server does not allow."""
+
+
+class ImportRefused(SandboxViolation, ImportError):
+    """An import outside the allowed list (also an ImportError, as users expect)."""
+
+
+class AttributeRefused(SandboxViolation, AttributeError):
+    """An attribute name the sandbox refuses."""
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """What user code may import; the rest of the rules are fixed."""
+
+    allowed_imports: tuple[str, ...] = DEFAULT_ALLOWED_IMPORTS
+    #: Check sources and guard builtins (False: trusted deployment, run as is).
+    enabled: bool = True
+    roots: frozenset = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        names = tuple(dict.fromkeys(name.strip() for name in self.allowed_imports if name.strip()))
+        object.__setattr__(self, "allowed_imports", names)
+        roots = {name.split(".")[0] for name in names} | set(PROTOCOL_MODULES)
+        object.__setattr__(self, "roots", frozenset(roots))
+
+    @classmethod
+    def from_names(cls, names: Optional[Iterable[str]], enabled: bool = True) -> "SandboxPolicy":
+        return cls(tuple(names) if names else DEFAULT_ALLOWED_IMPORTS, enabled)
+
+    def describe(self) -> str:
+        return ", ".join(self.allowed_imports)
+
+    def import_problem(self, name: str) -> Optional[str]:
+        """Why ``import name`` is refused, or None when it is allowed."""
+        if not isinstance(name, str) or not name:
+            return "an import needs a module name"
+        parts = name.split(".")
+        if parts[0] not in self.roots:
+            return (
+                f"importing {name!r} is not allowed on this server. Modules you may "
+                f"import: {self.describe()} (and nnsight)."
+            )
+        for part in parts[1:]:
+            if part.startswith("_") or part in DENIED_ATTRIBUTES:
+                return (
+                    f"importing {name!r} is not allowed on this server: {part!r} is a "
+                    "private or refused part of the package."
+                )
+        return None
+
+    def check_import(self, name: str) -> None:
+        problem = self.import_problem(name)
+        if problem:
+            raise ImportRefused(problem)
+
+
+def attribute_problem(name: Any) -> Optional[str]:
+    """Why attribute ``name`` is refused, or None when user code may use it."""
+    if not isinstance(name, str):
+        return "attribute names must be strings"
+    if name.startswith("__") and name.endswith("__") and name not in SAFE_DUNDERS:
+        return f"the attribute {name!r} is not available on this server (introspection is refused)"
+    if name in DENIED_ATTRIBUTES:
+        return (
+            f"the attribute {name!r} is not available on this server (it leads to files, "
+            "processes, pickles or the interpreter's internals)"
+        )
+    return None
+
+
+def check_attribute(name: Any) -> None:
+    problem = attribute_problem(name)
+    if problem:
+        raise AttributeRefused(problem)
+
+
+# --- static check of the source ---------------------------------------------------
+
+
+class _Checker(ast.NodeVisitor):
+    def __init__(self, policy: SandboxPolicy) -> None:
+        self.policy = policy
+        self.problems: list[tuple[int, str]] = []
+
+    def refuse(self, node: ast.AST, message: str) -> None:
+        self.problems.append((getattr(node, "lineno", 0), message))
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        problem = attribute_problem(node.attr)
+        if problem:
+            self.refuse(node, problem)
+        self.generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        name = node.id
+        if name in DENIED_NAMES:
+            self.refuse(node, f"{name!r} is not available on this server")
+        elif name.startswith("__") and name.endswith("__") and name != "__name__":
+            self.refuse(node, f"the name {name!r} is not available on this server")
+        self.generic_visit(node)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            problem = self.policy.import_problem(alias.name)
+            if problem:
+                self.refuse(node, problem)
+        self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            self.refuse(node, "relative imports are not available on this server")
+            return
+        problem = self.policy.import_problem(node.module or "")
+        if problem:
+            self.refuse(node, problem)
+        for alias in node.names:
+            if alias.name == "*":
+                self.refuse(node, "`from ... import *` is not available on this server")
+                continue
+            problem = attribute_problem(alias.name)
+            if problem:
+                self.refuse(node, problem)
+        self.generic_visit(node)
+
+    def _check_function(self, node: Any) -> None:
+        if node.name in DENIED_METHODS:
+            self.refuse(node, f"defining {node.name} is not allowed on this server")
+        self.generic_visit(node)
+
+    visit_FunctionDef = visit_AsyncFunctionDef = _check_function
+
+    def visit_MatchClass(self, node: ast.MatchClass) -> None:
+        for name in node.kwd_attrs:
+            problem = attribute_problem(name)
+            if problem:
+                self.refuse(node, problem)
+        self.generic_visit(node)
+
+
+def check_source(source: str, filename: str, policy: SandboxPolicy) -> None:
+    """Refuse ``source`` (a traced block or a shipped function) if it breaks the rules.
+
+    Raises `SandboxViolation` listing every refused line, so a user fixes them
+    all at once rather than one per request.
+    """
+    if not policy.enabled:
+        return
+    try:
+        tree = ast.parse(source, filename)
+    except SyntaxError as error:
+        raise SandboxViolation(f"{filename}, line {error.lineno}: {error.msg}") from None
+    checker = _Checker(policy)
+    checker.visit(tree)
+    if checker.problems:
+        lines = "\n".join(
+            f"  {filename}, line {line}: {message}"
+            for line, message in sorted(dict.fromkeys(checker.problems))
+        )
+        raise SandboxViolation(
+            "Your request uses something this server does not allow:\n" + lines
+        )
+
+
+# --- the builtins user code runs with ---------------------------------------------
+
+
+def guarded_builtins(policy: SandboxPolicy) -> dict:
+    """A ``__builtins__`` dict for user code: the policy applied at run time."""
+    real_import = _builtins.__import__
+    real_getattr, real_setattr, real_delattr = _builtins.getattr, _builtins.setattr, _builtins.delattr
+    namespace = {
+        name: value for name, value in vars(_builtins).items() if name not in REMOVED_BUILTINS
+    }
+
+    def __import__(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A001
+        if level:
+            raise ImportRefused("relative imports are not available on this server")
+        policy.check_import(name)
+        for item in fromlist or ():
+            if item == "*":
+                raise ImportRefused("`from ... import *` is not available on this server")
+            check_attribute(item)
+        if name.split(".")[0] == "builtins":
+            # A fresh module each time: what one request sets on it, no other sees.
+            module = types.ModuleType("builtins", "The builtins this server allows.")
+            vars(module).update({k: v for k, v in namespace.items() if not k.startswith("__")})
+            return module
+        return real_import(name, None, None, fromlist, 0)
+
+    def getattr(obj, name, *default):  # noqa: A001
+        check_attribute(name)
+        return real_getattr(obj, name, *default)
+
+    def hasattr(obj, name):  # noqa: A001
+        check_attribute(name)
+        try:
+            real_getattr(obj, name)
+        except AttributeError:
+            return False
+        return True
+
+    def setattr(obj, name, value):  # noqa: A001
+        check_attribute(name)
+        real_setattr(obj, name, value)
+
+    def delattr(obj, name):  # noqa: A001
+        check_attribute(name)
+        real_delattr(obj, name)
+
+    namespace.update(
+        __import__=__import__, getattr=getattr, hasattr=hasattr, setattr=setattr, delattr=delattr
+    )
+    return namespace
+
+
+def install_builtins(namespace: dict, builtins_dict: dict) -> None:
+    """Make code run in ``namespace`` (as globals) see ``builtins_dict``.
+
+    ``exec`` and function objects take their builtins from the ``__builtins__``
+    key of their globals, so setting it is what scopes the guard to user code:
+    the libraries it calls keep their own.
+    """
+    namespace["__builtins__"] = builtins_dict
+
+
+# --- libraries that evaluate strings ------------------------------------------------
+
+_HARDENED: list[str] = []
+
+
+_UNTRUSTED = threading.local()
+
+
+@contextlib.contextmanager
+def untrusted() -> Iterator[None]:
+    """Mark this thread as working on the payload's behalf (while it is unpickled)."""
+    previous = getattr(_UNTRUSTED, "active", False)
+    _UNTRUSTED.active = True
+    try:
+        yield
+    finally:
+        _UNTRUSTED.active = previous
+
+
+def _called_from_user_code(user_builtins: dict) -> bool:
+    """Whether a frame of user code (it runs with ``user_builtins``) is on the stack."""
+    if getattr(_UNTRUSTED, "active", False):
+        return True
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_builtins is user_builtins:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _check_expression(text: Any, policy: SandboxPolicy, where: str, user_builtins: dict) -> None:
+    # Only strings user code had evaluated: libraries keep evaluating their own
+    # annotations as they always have.
+    if isinstance(text, str) and _called_from_user_code(user_builtins):
+        check_source(text, where, policy)
+
+
+def harden_libraries(policy: SandboxPolicy, user_builtins: dict) -> list[str]:
+    """Route the string evaluators of allowed libraries through `check_source`.
+
+    ``typing`` evaluates forward references with ``eval`` in its own globals,
+    and sympy's parser (behind ``sympify`` and every function that accepts a
+    string) evaluates the parsed text with full builtins. Both are reachable
+    from allowed imports, so the text is checked first, and sympy's evaluation
+    gets the guarded builtins.
+    """
+    if not policy.enabled or _HARDENED:
+        return list(_HARDENED)
+    import typing
+
+    original_evaluate = typing.ForwardRef._evaluate
+
+    def _evaluate(self, *args, **kwargs):
+        _check_expression(self.__forward_arg__, policy, "<type annotation>", user_builtins)
+        return original_evaluate(self, *args, **kwargs)
+
+    typing.ForwardRef._evaluate = _evaluate
+    _HARDENED.append("typing.ForwardRef")
+    try:
+        from sympy.parsing import sympy_parser
+    except Exception:  # sympy missing: nothing to harden
+        return list(_HARDENED)
+    original_stringify = sympy_parser.stringify_expr
+    original_eval_expr = sympy_parser.eval_expr
+
+    # sympy's parser is checked whoever calls it: its strings come from users
+    # (directly, or through a sympy object's constructor), never from torch.
+    def stringify_expr(*args, **kwargs):
+        # The Python text sympy is about to compile, whether it then evaluates
+        # it directly or rewrites it first (``evaluate=False``).
+        code = original_stringify(*args, **kwargs)
+        if isinstance(code, str):
+            check_source(code, "<sympy expression>", policy)
+        return code
+
+    def eval_expr(code, local_dict, global_dict):
+        if isinstance(code, str):
+            check_source(code, "<sympy expression>", policy)
+        global_dict = dict(global_dict)
+        global_dict["__builtins__"] = user_builtins
+        return original_eval_expr(code, local_dict, global_dict)
+
+    sympy_parser.stringify_expr = stringify_expr
+    sympy_parser.eval_expr = eval_expr
+    _HARDENED.append("sympy.parsing.sympy_parser.eval_expr")
+    return list(_HARDENED)

@@ -1,0 +1,108 @@
+"""The model's CPU weights in read-only memory, and a checksum for the rest.
+
+A request may try to write into the shared model's weights by any path:
+``weight[:] = 0``, ``.data.zero_()``, a numpy view of the parameter, native
+code. Rather than check after every job (a pass over every weight), the
+weights are moved once into memory the process cannot write: a ``memfd`` is
+filled with them, sealed (no descriptor can change it any more) and mapped
+read-only, and each parameter is re-pointed at its place in the mapping. A
+write is then a fault the kernel refuses; the worker dies and is restarted.
+Reading is unchanged (the same pages, no copy kept), and the memory is the
+same as before: the original tensors are freed.
+
+Weights on an accelerator cannot be mapped this way; `checksum` gives an exact
+fingerprint to compare after each job instead.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+from typing import Any, Iterable, Optional
+
+
+class WeightImage:
+    """The CPU parameters of a model, held in one sealed memfd mapped read-only."""
+
+    ALIGN = 64
+
+    def __init__(self, mapping: mmap.mmap, size: int, tensors: int) -> None:
+        self.mapping = mapping
+        self.size = size
+        self.tensors = tensors
+
+    @classmethod
+    def build(cls, tensors: Iterable[Any]) -> Optional["WeightImage"]:
+        """Move ``tensors`` (CPU parameters) into the image; None when not possible here."""
+        import torch
+
+        if not hasattr(os, "memfd_create") or not hasattr(fcntl, "F_ADD_SEALS"):
+            return None
+        groups: dict[int, list] = {}
+        storages: dict[int, Any] = {}
+        for tensor in tensors:
+            if tensor.device.type != "cpu" or tensor.is_sparse or tensor.numel() == 0:
+                continue
+            storage = tensor.untyped_storage()
+            key = storage.data_ptr()
+            storages[key] = storage
+            groups.setdefault(key, []).append(tensor)
+        if not storages:
+            return None
+        offsets, size = {}, 0
+        for key, storage in storages.items():
+            offsets[key] = size
+            size += -(-storage.nbytes() // cls.ALIGN) * cls.ALIGN
+        size = max(size, mmap.PAGESIZE)
+        fd = os.memfd_create("nnhost-weights", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, size)
+            writer = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            try:
+                for key, storage in storages.items():
+                    target = torch.frombuffer(
+                        writer, dtype=torch.uint8, count=storage.nbytes(), offset=offsets[key]
+                    )
+                    target.copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
+                    del target
+            finally:
+                writer.close()
+            # Sealed: not even a process holding the fd can change the weights.
+            fcntl.fcntl(
+                fd,
+                fcntl.F_ADD_SEALS,
+                fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL,
+            )
+            mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+        finally:
+            # The mapping keeps the memfd alive; no descriptor is left to find.
+            os.close(fd)
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "the buffer is not writable": that is the point
+            for key, members in groups.items():
+                nbytes = storages[key].nbytes()
+                view = torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=offsets[key])
+                storage = view.untyped_storage()
+                with torch.no_grad():
+                    for tensor in members:
+                        tensor.data = torch.empty(0, dtype=tensor.dtype).set_(
+                            storage, tensor.storage_offset(), tensor.size(), tensor.stride()
+                        )
+        return cls(mapping, size, sum(len(m) for m in groups.values()))
+
+
+def checksum(tensor: Any) -> int:
+    """An exact fingerprint of a tensor's bytes (integer sums of its bit patterns)."""
+    import torch
+
+    flat = tensor.detach().reshape(-1)
+    size = flat.element_size()
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(size)
+    if as_int is None or flat.numel() == 0:
+        return int(flat.numel())
+    bits = flat.view(as_int).to(torch.int64)
+    weights = torch.arange(1, bits.numel() + 1, device=bits.device, dtype=torch.int64) % 65521
+    return int((bits * weights).sum()) ^ int(bits.sum())

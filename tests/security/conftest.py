@@ -1,0 +1,63 @@
+"""One contained nnhost server shared by the escape suite, with tight limits.
+
+Its limits are small so that the hostile cases finish quickly: a short time
+limit, a 2 MiB result cap, 1.5 GiB of memory per job, a 4 MiB request cap. A
+secret is put in the server's environment for the exfiltration cases to look
+for. Every case ends by checking that a normal request still gives the same
+values as the same code run locally.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+
+from conftest import API_KEY, TEST_REPO
+from nnhost.testing import ServerProcess
+
+MiB = 1024 * 1024
+SECURE_TIME_LIMIT = 5
+SECURE_KILL_GRACE = 2
+MAX_RESULT_BYTES = 2 * MiB
+MAX_REQUEST_BYTES = 4 * MiB
+JOB_MEMORY_BYTES = 1536 * MiB
+SECRET = "nnhost-secret-" + secrets.token_hex(8)
+
+
+@pytest.fixture(scope="session")
+def secure_server(root, server_hf_home, test_snapshot):
+    process = ServerProcess(
+        [TEST_REPO],
+        data_dir=root / "secure-data",
+        hf_home=server_hf_home,
+        api_key=API_KEY,
+        extra_args=[
+            "--time-limit", str(SECURE_TIME_LIMIT), "--kill-grace", str(SECURE_KILL_GRACE),
+        ],
+        env={
+            "NNHOST_MAX_RESULT_BYTES": str(MAX_RESULT_BYTES),
+            "NNHOST_MAX_REQUEST_BYTES": str(MAX_REQUEST_BYTES),
+            "NNHOST_JOB_MEMORY_BYTES": str(JOB_MEMORY_BYTES),
+            "NNHOST_TEST_SECRET": SECRET,
+        },
+    )
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def local_reference(local_model):
+    from .helpers import normal_program
+
+    return normal_program(local_model, False)
+
+
+@pytest.fixture
+def serving(secure_server, remote_model, local_reference):
+    """After the case: the server is (back) up and a normal request gives correct values."""
+    yield secure_server
+    from .helpers import assert_serving
+
+    assert_serving(secure_server, remote_model, local_reference)

@@ -1,0 +1,179 @@
+"""The README's promises, checked: its Python examples run as written.
+
+Every ```python block of README.md is written, in order, to one real .py file
+and run in a fresh interpreter against a server started the way the README
+says (``nnhost serve --demo``, which builds the demo model into an empty cache
+here). A file rather than ``exec`` because nnsight reads the source of each
+traced ``with`` block through the code object's filename; a subprocess so the
+client's environment (``NDIF_HOST``, ``HF_ENDPOINT``, an empty ``HF_HOME``) is
+read fresh at import, exactly as on a user's machine.
+
+This module's server is its own; it does not use conftest's session server,
+which serves a different model.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nnhost.testing import ServerProcess, free_port
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+API_KEY = "nnh_readme_" + "r" * 40
+DEMO_REPO = "nnhost/demo-gpt2"
+
+_FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def readme_text() -> str:
+    return README.read_text(encoding="utf-8")
+
+
+def code_blocks(text: str, language: str) -> list[str]:
+    return [body for lang, body in _FENCE.findall(text) if lang == language]
+
+
+def section(text: str, title: str) -> str:
+    """The body of the ``## title`` section, up to the next ``## `` heading."""
+    match = re.search(
+        rf"^## {re.escape(title)}[ \t]*\n(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL
+    )
+    assert match, f"README.md has no '## {title}' section"
+    return match.group(1)
+
+
+# --- the text alone ------------------------------------------------------------
+
+
+def test_quick_start_is_two_commands():
+    blocks = code_blocks(section(readme_text(), "Quick start"), "sh")
+    assert [block.strip() for block in blocks] == ["make serve", "make test"]
+
+
+def test_every_flag_named_exists_in_the_cli():
+    import argparse
+
+    from nnhost.cli import build_parser
+
+    known: set[str] = set()
+    pending = [build_parser()]
+    while pending:
+        parser = pending.pop()
+        for action in parser._actions:
+            known.update(action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                pending.extend(action.choices.values())
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", readme_text()))
+    assert named, "expected the README to name some flags"
+    assert named <= known, f"flags in README.md that nnhost does not have: {named - known}"
+
+
+def test_every_setting_is_documented():
+    from dataclasses import fields
+
+    from nnhost.config import Settings
+
+    configuration = section(readme_text(), "Configuration")
+    missing = [f.name for f in fields(Settings) if f"`{f.name}`" not in configuration]
+    assert not missing, f"settings missing from the Configuration section: {missing}"
+
+
+# --- the examples, against a real server ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("readme-server")
+    process = ServerProcess(
+        ["--demo"],  # as `make serve` does; trains the demo model into the empty cache
+        data_dir=root / "data",
+        hf_home=root / "hf",
+        api_key=API_KEY,
+        port=free_port(),
+    )
+    try:
+        # The first start trains the demo model (~15 s on two cores) before serving.
+        process.start(timeout=600)
+        yield process
+    finally:
+        process.stop()
+
+
+def test_serve_prints_the_lines_to_paste(demo_server):
+    log = demo_server.log_path.read_text(errors="replace")
+    assert f"export NDIF_HOST={demo_server.url}\n" in log
+    assert f"export NDIF_API_KEY={API_KEY}\n" in log
+    assert f"export HF_ENDPOINT={demo_server.url}/hub\n" in log
+    assert DEMO_REPO in demo_server.status()["deployments"]
+
+
+def test_python_examples_run_as_written(demo_server, tmp_path):
+    blocks = code_blocks(readme_text(), "python")
+    assert len(blocks) >= 7, f"expected the walkthrough's examples, found {len(blocks)} blocks"
+    assert 'LanguageModel("nnhost/demo-gpt2")' in blocks[0]
+
+    script = tmp_path / "readme_examples.py"
+    script.write_text("\n\n".join(blocks), encoding="utf-8")
+    client_hf = tmp_path / "client-hf"
+    client_hf.mkdir()
+
+    # conftest.py points these at its own server in os.environ; the user's
+    # shell, as the README describes it, points them at this one.
+    env = {key: value for key, value in os.environ.items() if not key.startswith("NNHOST_")}
+    env.pop("HF_HUB_OFFLINE", None)
+    env.update(
+        NDIF_HOST=demo_server.url,
+        NDIF_API_KEY=API_KEY,
+        HF_ENDPOINT=f"{demo_server.url}/hub",
+        HF_HOME=str(client_hf),
+        NNSIGHT_CONFIG=str(tmp_path / "nnsight-config.yaml"),
+        NO_COLOR="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    completed = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    stdout = completed.stdout
+    report = (
+        f"--- stdout ---\n{stdout[-6000:]}\n--- stderr ---\n{completed.stderr[-6000:]}\n"
+        f"--- server log ({demo_server.log_path}) ---\n{demo_server.log_tail(60)}"
+    )
+    assert completed.returncode == 0, report
+
+    # The status display redraws its line with "\r\x1b[K"; splitlines() breaks
+    # at "\r" too, so each redraw becomes a line of its own.
+    lines = [line.replace("\x1b[K", "") for line in stdout.splitlines()]
+
+    def printed(expected: str) -> None:
+        assert expected in lines, f"{expected!r} was not printed\n{report}"
+
+    printed("Eiffel Tower -> ' Paris'")  # the trace
+    printed("The Eiffel Tower is in the city of Paris.<|endoftext|>")  # generate
+    printed("[' Rome', '.', '<|endoftext|>']")  # tracer.iter
+    printed("Colosseum, patched -> ' Paris'")  # the session's patch
+    printed("Colosseum -> ' Rome'")  # non-blocking
+    assert any(line.startswith("gradient norm per token: tensor(") for line in lines), report
+
+    # print() inside the trace came back as a LOG line.
+    log_lines = [line for line in lines if " LOG " in line]
+    assert any(
+        line.endswith("last hidden state shape: torch.Size([1, 8, 64])") for line in log_lines
+    ), report
+
+    # nnsight.status(), is_model_running() and compare().
+    status_rows = [line for line in lines if DEMO_REPO in line and "RUNNING" in line]
+    assert status_rows, report
+    printed("running: True")
+    printed("same Python: True")
+    printed("critical mismatches: {}")
