@@ -186,7 +186,16 @@ def _flags_of(point: str) -> int:
 def _contain_filesystem(policy: ContainmentPolicy, uid: int, gid: int) -> None:
     scratch = ("/tmp", "/dev/shm", "/var/tmp")
     options = f"mode=0700,uid={uid},gid={gid}"
+    # Python itself may live under /tmp (a checkout there, and its venv): hold
+    # those folders open, cover /tmp, then bind them back, read-only.
+    kept = _import_roots_under("/tmp")
+    handles = [os.open(root, os.O_RDONLY | os.O_DIRECTORY) for root in kept]
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy.scratch_bytes},{options}")
+    for root, handle in zip(kept, handles):
+        os.makedirs(root, mode=0o755, exist_ok=True)
+        _mount(f"/proc/self/fd/{handle}", root, None, MS_BIND | MS_REC)
+        _mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _flags_of(root))
+        os.close(handle)
     for point in scratch[1:]:
         if os.path.isdir(point) and not os.path.islink(point):
             _mount("tmpfs", point, "tmpfs", MS_NOSUID | MS_NODEV, f"size={16 * MiB},{options}")
@@ -239,7 +248,20 @@ def _contain_filesystem(policy: ContainmentPolicy, uid: int, gid: int) -> None:
 def _import_roots() -> list[str]:
     """Where Python finds modules: these must stay visible, whatever folder they are in."""
     roots = [sys.base_prefix, sys.prefix] + [p for p in sys.path if p]
+    # Packages installed in editable mode are found by a finder, not sys.path:
+    # keep the folder each loaded top-level package came from.
+    for name, module in list(sys.modules.items()):
+        origin = getattr(module, "__file__", None)
+        if "." not in name and origin:
+            roots.append(os.path.dirname(os.path.dirname(origin)) if origin.endswith("__init__.py")
+                         else os.path.dirname(origin))
     return [r for r in dict.fromkeys(os.path.realpath(p) for p in roots) if os.path.isdir(r)]
+
+
+def _import_roots_under(folder: str) -> list[str]:
+    """The outermost import roots inside ``folder`` (nested ones come with them)."""
+    keeps = [r for r in _import_roots() if r.startswith(folder.rstrip("/") + "/")]
+    return [k for k in keeps if not any(k != o and k.startswith(o + "/") for o in keeps)]
 
 
 _stages = itertools.count()
@@ -252,8 +274,7 @@ def _hide_directory(real: str) -> None:
     importable: those folders are bind-mounted aside first, then moved back
     into the otherwise empty tmpfs at their old paths.
     """
-    keeps = [r for r in _import_roots() if r.startswith(real + "/")]
-    keeps = [k for k in keeps if not any(k != o and k.startswith(o + "/") for o in keeps)]
+    keeps = _import_roots_under(real)
     staged = []
     for keep in keeps:
         stage = f"/tmp/.nnhost-keep/{next(_stages)}"
