@@ -33,6 +33,8 @@ test: install
 
 bench: install
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/containment.py
+	$(BIN)/python benchmarks/hotswap.py
 
 clean:
 	rm -rf $(VENV) nnhost-data
