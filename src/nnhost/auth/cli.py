@@ -79,6 +79,22 @@ def _fail(message: str) -> int:
     return 1
 
 
+class _Refusal(Exception):
+    """A command cannot go on; `_command` prints it and exits 1."""
+
+
+def _user(keys: KeyStore, email: str):
+    user = keys.find_user(email)
+    if user is None:
+        raise _Refusal(f"there is no user {email}; see `nnhost users list`")
+    return user
+
+
+def _user_id(keys: KeyStore, email: Optional[str]) -> Optional[int]:
+    """The id of the user ``email`` names, or None (every user) when it names none."""
+    return _user(keys, email).id if email else None
+
+
 def _read_password(email: str) -> str:
     """From the terminal (asked twice) or, when piped, the first line of stdin."""
     if not sys.stdin.isatty():
@@ -140,9 +156,7 @@ def _set_disabled(args: argparse.Namespace, disabled: bool) -> int:
 
     with _database(args) as connection:
         keys = KeyStore(connection)
-        user = keys.find_user(args.email)
-        if user is None:
-            return _fail(f"there is no user {args.email}; see `nnhost users list`")
+        user = _user(keys, args.email)
         keys.set_disabled(user.id, disabled)
         if disabled:
             SessionStore(connection, keys, ttl=0).end_all(user.id)
@@ -163,9 +177,7 @@ def _users_enable(args: argparse.Namespace) -> int:
 def _users_tags(args: argparse.Namespace) -> int:
     with _database(args) as connection:
         keys = KeyStore(connection)
-        user = keys.find_user(args.email)
-        if user is None:
-            return _fail(f"there is no user {args.email}; see `nnhost users list`")
+        user = _user(keys, args.email)
         tags = set(args.set) if args.set is not None else set(user.tags)
         tags |= set(normalize_tags(args.add or ()))
         tags -= set(normalize_tags(args.remove or ()))
@@ -185,9 +197,7 @@ def _users_password(args: argparse.Namespace) -> int:
         return _fail(problem)
     with _database(args) as connection:
         keys = KeyStore(connection)
-        user = keys.find_user(args.email)
-        if user is None:
-            return _fail(f"there is no user {args.email}; see `nnhost users list`")
+        user = _user(keys, args.email)
         keys.set_password_hash(user.id, hash_password(password))
     print(f"Set the password of {user.email}.", file=sys.stderr)
     return 0
@@ -218,12 +228,7 @@ def _keys_create(args: argparse.Namespace) -> int:
 def _keys_list(args: argparse.Namespace) -> int:
     with _database(args) as connection:
         keys = KeyStore(connection)
-        user_id = None
-        if args.email:
-            user = keys.find_user(args.email)
-            if user is None:
-                return _fail(f"there is no user {args.email}; see `nnhost users list`")
-            user_id = user.id
+        user_id = _user_id(keys, args.email)
         infos = keys.keys(user_id)
     rows = [("ID", "KEY", "OWNER", "NAME", "CREATED", "EXPIRES", "LAST USED", "STATE")]
     now = time.time()
@@ -240,12 +245,7 @@ def _keys_list(args: argparse.Namespace) -> int:
 def _keys_revoke(args: argparse.Namespace) -> int:
     with _database(args) as connection:
         keys = KeyStore(connection)
-        user_id = None
-        if args.email:
-            user = keys.find_user(args.email)
-            if user is None:
-                return _fail(f"there is no user {args.email}; see `nnhost users list`")
-            user_id = user.id
+        user_id = _user_id(keys, args.email)
         matches = keys.find_keys(args.key, user_id)
         if not matches:
             return _fail(f"no key matches {args.key!r}; see `nnhost keys list`")
@@ -303,7 +303,14 @@ def _invites_list(args: argparse.Namespace) -> int:
 def _command(group, name: str, run, help: str) -> argparse.ArgumentParser:
     parser = group.add_parser(name, help=help, description=help)
     parser.add_argument("--data-dir", default=None, help="the server's data directory")
-    parser.set_defaults(run=run)
+
+    def reporting_refusals(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except _Refusal as refusal:
+            return _fail(str(refusal))
+
+    parser.set_defaults(run=reporting_refusals)
     return parser
 
 

@@ -293,9 +293,6 @@ class DeploymentManager:
     def cancel(self, name: str, job_id: str) -> bool:
         return any(replica.cancel(job_id) for replica in self.deployments[name].replicas)
 
-    def worker_pids(self, name: str) -> list[int]:
-        return [r.pid for r in self.deployments[name].replicas if r.pid]
-
     # -- reporting ---------------------------------------------------------------------
 
     def status(self) -> dict:

@@ -451,13 +451,10 @@ class Runner:
             raise UserError(f"Could not apply the request's model settings {env!r}: {error}")
 
     def _restore_env(self) -> None:
-        try:
-            self.model._remoteable_set_env(self.default_env)
-        except Exception:
-            # The default env was accepted at load time; failing now means the
-            # model is in a state we cannot vouch for, so let the worker die
-            # and be restarted rather than serve the next user from it.
-            raise
+        # Not caught: the default env was accepted at load time, so failing now
+        # means a model we cannot vouch for; the worker dies and is restarted
+        # rather than serve the next user from it.
+        self.model._remoteable_set_env(self.default_env)
 
     def _execute(self, tracer: Any, spec: JobSpec, emit: Emit) -> dict:
         from nnsight.tracing.tracer import _saves, dec, inc

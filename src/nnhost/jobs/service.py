@@ -166,10 +166,6 @@ class JobService:
                 break
         self._announce_positions(name)
 
-    def pump_all(self) -> None:
-        for name in self.deployments.deployments:
-            self.pump(name)
-
     def _fail_waiting(self, name: str, reason: str) -> None:
         while (job_id := self.scheduler.next(name)) is not None:
             self.scheduler.finished(name, job_id, None)
