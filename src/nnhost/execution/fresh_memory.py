@@ -12,8 +12,8 @@ Python spelling reached it: ``torch.empty``, ``empty_like``, ``new_empty``,
 constructors, ``torch.ops.aten.empty``) and fills what those return with
 zeros; a ``resize_`` that grows a storage gets its new tail zeroed. Storages
 built from a size (``torch.UntypedStorage(n)``, ``TypedStorage``,
-``FloatStorage(n)``), which do not pass through the dispatcher, are zeroed by
-their constructor, and ``numpy.empty``/``empty_like`` (numpy caches small
+``FloatStorage(n)``) and a storage's own ``resize_``, which do not pass through
+the dispatcher, are zeroed by patched methods, and ``numpy.empty``/``empty_like`` (numpy caches small
 freed buffers outside malloc) return zeros.
 
 The mode is on for the whole job, so it also zeroes the few ``empty`` calls
@@ -167,6 +167,19 @@ def _patch_constructors() -> None:
         return storage
 
     torch.UntypedStorage.__new__ = __new__
+    base_resize = torch.UntypedStorage.resize_
+
+    def resize_(self, size):
+        # A storage's own resize_ goes below the dispatcher on the CPU.
+        before = self.nbytes()
+        result = base_resize(self, size)
+        if self.nbytes() > before and self.device.type != "meta":
+            raw = torch.empty(0, dtype=torch.uint8, device=self.device)
+            raw.set_(self, 0, (self.nbytes(),), (1,))
+            raw[before:].zero_()
+        return result
+
+    torch.UntypedStorage.resize_ = resize_
     try:
         import numpy
     except ImportError:
