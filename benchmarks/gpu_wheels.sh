@@ -5,9 +5,7 @@
 # einops and the like. What it lacks is nnhost's server and nnsight's client side.
 #
 #   bash benchmarks/gpu_wheels.sh          # here, with network
-#   # there, from the checkout root with .whl/ beside it:
-#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-#   PYTHONPATH=/tmp/site python3 benchmarks/gpu_check.py
+#   bash benchmarks/gpu_run.sh             # there, from the checkout with .whl/ beside it
 #
 # Versions are the ones the test suite runs against. --no-deps: the list is the
 # whole closure of what the host lacks, so nothing else is fetched.
