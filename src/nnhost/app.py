@@ -24,7 +24,7 @@ from .auth.keys import LOCAL_ADMIN_EMAIL, KeyStore
 from .config import Settings
 from .deployments.catalog import Catalog, ModelSpec
 from .deployments.manager import DeploymentManager
-from .deployments.sizing import parse_bytes, weight_bytes
+from .deployments.sizing import device_shares, parse_bytes, tensor_bytes
 from .jobs.events import EventBus
 from .jobs.scheduler import Scheduler
 from .jobs.service import JobService
@@ -78,12 +78,19 @@ def build_catalog(settings: Settings, extra: Sequence[ModelSpec] = ()) -> Catalo
             )
         snapshot = find_snapshot(spec.repo_id, spec.revision, settings.hf_home)
         if snapshot is not None and spec.size_bytes is None:
-            spec.size_bytes = int(weight_bytes(snapshot, spec.dtype) * (1 + settings.memory_margin))
+            sizes = tensor_bytes(snapshot, spec.quantization or spec.dtype)
+            margin = 1 + settings.memory_margin
+            spec.size_bytes = int(sum(sizes.values()) * margin)
+            shares = device_shares(sizes, spec.device_map, spec.devices, spec.device)
+            spec.shares = {device: int(size * margin) for device, size in shares.items()}
     return Catalog(specs)
 
 
-def memory_budgets(settings: Settings) -> dict[str, int]:
-    """Bytes per device; the host defaults to 80% of this machine's memory."""
+def memory_budgets(settings: Settings, catalog: Optional[Catalog] = None) -> dict[str, int]:
+    """Bytes per device; the host defaults to 80% of this machine's memory, a GPU to
+    90% of its free memory (`deployments.devices.gpu_memory`) when the catalog uses it."""
+    from .deployments.devices import gpu_memory
+
     budgets = {device: parse_bytes(size) for device, size in settings.memory_budget.items()}
     if "cpu" not in budgets:
         try:
@@ -91,6 +98,11 @@ def memory_budgets(settings: Settings) -> dict[str, int]:
             budgets["cpu"] = int(total * 0.8)
         except (ValueError, OSError):
             pass
+    wanted = sorted({d for spec in (catalog or ()) for d in spec.placement_devices()} - set(budgets))
+    gpus = [d for d in wanted if d.startswith("cuda")]
+    if gpus:
+        for device, free in gpu_memory(gpus).items():
+            budgets[device] = int(free * 0.9)
     return budgets
 
 
@@ -179,7 +191,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
             on_change=on_change,
             has_work=has_work,
             worker_environ=worker_environ(settings, catalog),
-            budgets=memory_budgets(settings),
+            budgets=memory_budgets(settings, catalog),
             torch_threads=settings.torch_threads,
             kill_grace=settings.kill_grace,
         )

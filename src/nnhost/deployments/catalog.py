@@ -75,10 +75,17 @@ class ModelSpec:
     task: str = "text-generation"
     model_class: str = TRANSFORMERS_CLASS
     trust_remote_code: bool = False
-    #: The dtype weights are held in (None: as stored).
+    #: The dtype weights are held in (None: as stored); with ``quantization``, the compute dtype.
     dtype: Optional[str] = None
     #: Where a HOT replica holds its weights: "cpu", "cuda", "cuda:1", ...
     device: str = "cpu"
+    #: Spread the weights over several GPUs of this node: "auto", "balanced",
+    #: "sequential", or an explicit ``{module name: device}`` table.
+    device_map: "str | dict | None" = None
+    #: The GPUs a strategy ``device_map`` ("auto", ...) may use (default: ``[device]``).
+    devices: list = field(default_factory=list)
+    #: Hold the weights quantized: one of nnsight's names (nf4, int4, fp4, int8, fp8).
+    quantization: Optional[str] = None
     replicas: int = 1
     #: Level at start: "hot", "warm" or "cold" (deployed on first request).
     deploy: str = "hot"
@@ -86,12 +93,15 @@ class ModelSpec:
     load_kwargs: dict = field(default_factory=dict)
     #: Bytes one replica needs on its device (weights plus margin); set by the server.
     size_bytes: Optional[int] = None
+    #: Of those, the bytes on each device when HOT (from ``device_map``); set by the server.
+    shares: Optional[dict] = None
 
     @classmethod
     def from_table(cls, table: dict) -> "ModelSpec":
         """An entry of ``[[model]]`` in nnhost.toml."""
         known = {"repo_id", "revision", "task", "model_class", "trust_remote_code", "dtype",
-                 "device", "replicas", "deploy", "load_kwargs"}
+                 "device", "replicas", "deploy", "load_kwargs", "device_map", "devices",
+                 "quantization"}
         unknown = set(table) - known
         if unknown:
             raise ValueError(f"[[model]] {table.get('repo_id')!r}: unknown keys {sorted(unknown)}")
@@ -102,15 +112,81 @@ class ModelSpec:
             raise ValueError(f"{spec.repo_id}: deploy must be hot, warm or cold")
         if spec.replicas < 1:
             raise ValueError(f"{spec.repo_id}: replicas must be at least 1")
+        spec.check_load_options()
         return spec
 
+    def check_load_options(self) -> None:
+        """Refuse load options the loader would reject, with what to write instead."""
+        from .sizing import DEVICE_MAP_STRATEGIES, QUANTIZATION_BYTES
+
+        if self.quantization is not None and self.quantization.lower() not in QUANTIZATION_BYTES:
+            raise ValueError(
+                f"{self.repo_id}: quantization {self.quantization!r} is not one nnsight 0.8.1 "
+                f"loads; use one of {', '.join(sorted(QUANTIZATION_BYTES))}"
+            )
+        if self.dtype and self.dtype.lower() in QUANTIZATION_BYTES:
+            raise ValueError(
+                f"{self.repo_id}: write quantization = {self.dtype!r}; dtype is the compute dtype"
+            )
+        if isinstance(self.device_map, str):
+            if self.device_map not in DEVICE_MAP_STRATEGIES:
+                raise ValueError(
+                    f"{self.repo_id}: device_map must be one of {', '.join(DEVICE_MAP_STRATEGIES)} "
+                    "or a table of module name = device"
+                )
+        elif self.device_map is not None:
+            if not isinstance(self.device_map, dict) or not self.device_map or not all(
+                isinstance(key, str) and isinstance(value, (str, int)) for key, value in self.device_map.items()
+            ):
+                raise ValueError(f"{self.repo_id}: device_map's table must map module names to devices")
+        if self.devices and not isinstance(self.device_map, str):
+            raise ValueError(f"{self.repo_id}: devices goes with a device_map strategy such as \"auto\"")
+
     def worker_load_kwargs(self) -> dict:
+        """What the worker hands nnsight's loader (and so ``from_pretrained``)."""
         kwargs = dict(self.load_kwargs)
-        if self.dtype:
+        if self.quantization:
+            # nnsight takes the held-as format in ``dtype``; the compute dtype goes beside it.
+            kwargs["dtype"] = self.quantization.lower()
+            if self.dtype:
+                kwargs["compute_dtype"] = self.dtype
+        elif self.dtype:
             kwargs["dtype"] = self.dtype
+        if self.device_map is not None:
+            kwargs["device_map"] = self._loader_device_map()
         if self.trust_remote_code:
             kwargs["trust_remote_code"] = True
         return kwargs
+
+    def _loader_device_map(self) -> "str | dict":
+        if isinstance(self.device_map, str):
+            return self.device_map
+        # accelerate takes a GPU as its index; "cpu" and "disk" as written.
+        return {
+            key: int(value.split(":", 1)[1]) if isinstance(value, str) and value.startswith("cuda:")
+            else (0 if value == "cuda" else value)
+            for key, value in (self.device_map or {}).items()
+        }
+
+    def placement_devices(self) -> list[str]:
+        """The devices a HOT replica's weights occupy."""
+        return list(self.hot_shares())
+
+    def hot_shares(self) -> dict[str, int]:
+        """Bytes on each device of one HOT replica (all on ``device`` without a map)."""
+        from .sizing import normalise_device
+
+        if self.shares:
+            return dict(self.shares)
+        if isinstance(self.device_map, dict):
+            devices = list(dict.fromkeys(normalise_device(v) for v in self.device_map.values()))
+        elif isinstance(self.device_map, str):
+            devices = [normalise_device(d) for d in self.devices] or [normalise_device(self.device)]
+        else:
+            devices = [self.device]
+        size = self.size_bytes or 0
+        share = -(-size // len(devices))
+        return {device: share for device in devices}
 
     @property
     def name(self) -> str:

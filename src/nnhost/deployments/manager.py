@@ -65,6 +65,19 @@ class Deployment:
     def size(self) -> int:
         return (self.spec.size_bytes or 0) * self.spec.replicas
 
+    def shares(self, level: Optional[str] = None) -> dict[str, int]:
+        """Bytes this deployment holds on each device at ``level`` (its target by default).
+
+        HOT: each device of its ``device_map`` (or its one device) holds its share;
+        WARM: all of it is in host memory; COLD: nothing.
+        """
+        level = level or self.target
+        if level == HOT:
+            return {d: size * self.spec.replicas for d, size in self.spec.hot_shares().items()}
+        if level == WARM:
+            return {"cpu": self.size}
+        return {}
+
     def states(self) -> list[str]:
         return [replica.health().state for replica in self.replicas]
 
@@ -142,7 +155,7 @@ class DeploymentManager:
             load_kwargs=spec.worker_load_kwargs(),
             torch_threads=self._torch_threads,
             environ=dict(self._environ),
-            device=spec.device if level == HOT else "cpu",
+            device=self._placement(spec, level),
         )
         return LocalReplica(
             name,
@@ -152,6 +165,19 @@ class DeploymentManager:
             on_idle=lambda: self._hop(self._on_change, spec.name),
             kill_grace=self._kill_grace,
         )
+
+    @staticmethod
+    def _placement(spec: ModelSpec, level: str) -> str:
+        """The device a worker is told to hold its weights on.
+
+        A model spread by ``device_map`` is placed by the loader; naming its first
+        device (where the embeddings go) leaves that placement as it is.
+        """
+        if level != HOT:
+            return "cpu"
+        if spec.device_map is not None:
+            return spec.placement_devices()[0]
+        return spec.device
 
     # -- lookups -----------------------------------------------------------------
 
@@ -168,15 +194,11 @@ class DeploymentManager:
         return self.budgets.get(device)
 
     def used(self, device: str, excluding: Optional[Deployment] = None) -> int:
-        total = 0
-        for deployment in self.deployments.values():
-            if deployment is excluding:
-                continue
-            if deployment.target == HOT and deployment.spec.device == device:
-                total += deployment.size
-            elif deployment.target == WARM and device == "cpu":
-                total += deployment.size
-        return total
+        return sum(
+            deployment.shares().get(device, 0)
+            for deployment in self.deployments.values()
+            if deployment is not excluding
+        )
 
     def _fits(self, device: str, size: int, excluding: Deployment) -> bool:
         budget = self.budget(device)
@@ -188,36 +210,44 @@ class DeploymentManager:
             d
             for d in self.deployments.values()
             if d is not wanted
-            and d.target != COLD
-            and (d.spec.device == device if d.target == HOT else device == "cpu")
+            and device in d.shares()
             and not d.busy
             and not d.loading
             and not self._has_work(d.name)
         ]
         return sorted(candidates, key=lambda d: d.last_used)
 
-    def make_room(self, wanted: Deployment, device: str, level: str) -> Optional[str]:
-        """Demote idle deployments until ``wanted`` fits at ``level``; None if it cannot yet.
-
-        Returns a note of what was evicted (possibly empty).
+    def make_room(self, wanted: Deployment, level: str) -> Optional[str]:
+        """Demote idle deployments until ``wanted`` fits at ``level`` on every device it
+        spans; None if it cannot yet. Returns a note of what was evicted (possibly empty).
         """
-        budget = self.budget(device)
-        if budget is not None and wanted.size > budget:
-            raise CannotFit(
-                f"{wanted.name} needs {_gib(wanted.size)} on {device}, more than its whole "
-                f"budget of {_gib(budget)}. Ask the operator to raise memory_budget."
-            )
+        needs = wanted.shares(level)
+        for device, size in needs.items():
+            budget = self.budget(device)
+            if budget is not None and size > budget:
+                raise CannotFit(
+                    f"{wanted.name} needs {_gib(size)} on {device}, more than its whole "
+                    f"budget of {_gib(budget)}. Ask the operator to raise memory_budget."
+                )
         evicted = []
-        while not self._fits(device, wanted.size, wanted):
-            victims = self._victims(device, wanted)
-            if not victims:
-                return None
-            victim = victims[0]
-            to = WARM if (victim.target == HOT and device != "cpu"
-                          and self._fits("cpu", victim.size, victim)) else COLD
-            self.set_level(victim.name, to, note=f"Demoted to make room for {wanted.name}.")
-            evicted.append(f"{victim.name} (now {to})")
+        for device, size in needs.items():
+            while not self._fits(device, size, wanted):
+                victims = self._victims(device, wanted)
+                if not victims:
+                    return None
+                victim = victims[0]
+                to = WARM if (victim.target == HOT and device != "cpu"
+                              and self._fits("cpu", victim.size, victim)) else COLD
+                self.set_level(victim.name, to, note=f"Demoted to make room for {wanted.name}.")
+                evicted.append(f"{victim.name} (now {to})")
         return f"evicted {', '.join(evicted)}" if evicted else ""
+
+    def short_device(self, wanted: Deployment, level: str) -> Optional[str]:
+        """The first device ``wanted`` does not fit on at ``level``, if any."""
+        for device, size in wanted.shares(level).items():
+            if not self._fits(device, size, wanted):
+                return device
+        return None
 
     # -- levels ----------------------------------------------------------------------
 
@@ -227,9 +257,9 @@ class DeploymentManager:
         rank = {COLD: 0, WARM: 1, HOT: 2}
         if rank[deployment.target] >= rank[level] and not deployment.unhealthy:
             return deployment.note
-        device = deployment.spec.device if level == HOT else "cpu"
-        note = self.make_room(deployment, device, level)
+        note = self.make_room(deployment, level)
         if note is None:
+            device = self.short_device(deployment, level) or "cpu"
             budget = self.budget(device) or 0
             deployment.note = (
                 f"waiting for memory on {device}: {_gib(self.used(device, deployment))} of "
@@ -260,7 +290,7 @@ class DeploymentManager:
                 replica.start()
         else:
             deployment.target = level
-            device = deployment.spec.device if level == HOT else "cpu"
+            device = self._placement(deployment.spec, level)
             for replica in deployment.replicas:
                 replica.place(device)
         self._hop(self._on_change, name)
@@ -271,8 +301,8 @@ class DeploymentManager:
             wanted = deployment.spec.deploy.upper()
             if wanted == COLD:
                 continue
-            device = deployment.spec.device if wanted == HOT else "cpu"
-            if self._fits(device, deployment.size, deployment):
+            device = self.short_device(deployment, wanted)
+            if device is None:
                 self.set_level(deployment.name, wanted, note=f"Deploying {deployment.name}")
             else:
                 deployment.note = f"Left COLD at start: {device} budget is full."
@@ -308,6 +338,7 @@ class DeploymentManager:
                 "task": spec.task,
                 "trust_remote_code": spec.trust_remote_code,
                 "device": spec.device,
+                "devices": spec.placement_devices(),
                 "size_bytes": spec.size_bytes,
                 "note": deployment.note,
             }

@@ -26,6 +26,19 @@ _TORCH_BYTES = {
 }
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
 
+#: Nominal bytes per weight of the quantization names nnsight 0.8.1 takes in
+#: ``dtype`` (its ``modeling.quantization.QUANTIZATIONS``; the API process
+#: never imports nnsight, so the widths are repeated here and checked against
+#: nnsight's table by the tests). Norms, biases and embeddings stay at the
+#: compute dtype.
+QUANTIZATION_BYTES = {
+    "nf4": 0.5, "int4": 0.5, "4bit": 0.5, "fp4": 0.5, "int8": 1.0, "8bit": 1.0, "fp8": 1.0,
+}
+_UNQUANTIZED = ("embed", "wte", "wpe", "lm_head", "norm", "ln_")
+
+#: Values a string ``device_map`` may take (accelerate's strategies).
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
 
 def _header(path: Path) -> dict:
     with open(path, "rb") as file:
@@ -35,13 +48,22 @@ def _header(path: Path) -> dict:
         return json.loads(file.read(length))
 
 
-def weight_bytes(snapshot: Path, dtype: Optional[str] = None) -> int:
-    """Bytes the weights take held as ``dtype`` (their stored dtypes when None)."""
+def _width(name: str) -> Optional[float]:
+    name = (name or "").removeprefix("torch.").lower()
+    return QUANTIZATION_BYTES.get(name) or _TORCH_BYTES.get(name)
+
+
+def tensor_bytes(snapshot: Path, dtype: Optional[str] = None) -> dict[str, int]:
+    """Bytes each tensor takes held as ``dtype`` (a torch dtype or a quantization name).
+
+    A checkpoint without safetensors headers gives one entry per weight file.
+    """
     files = sorted(snapshot.glob("*.safetensors"))
     if not files:
-        return sum(p.stat().st_size for p in snapshot.iterdir() if p.suffix in _WEIGHT_SUFFIXES)
-    target = _TORCH_BYTES.get((dtype or "").removeprefix("torch.").lower())
-    total = 0
+        return {p.name: p.stat().st_size for p in snapshot.iterdir() if p.suffix in _WEIGHT_SUFFIXES}
+    target = _width(dtype)
+    quantized = (dtype or "").lower() in QUANTIZATION_BYTES
+    sizes: dict[str, int] = {}
     for path in files:
         for name, entry in _header(path).items():
             if name == "__metadata__":
@@ -52,8 +74,66 @@ def weight_bytes(snapshot: Path, dtype: Optional[str] = None) -> int:
             stored = _SAFETENSORS_BYTES.get(entry["dtype"], 4)
             # Integer tensors (e.g. position ids) keep their dtype whatever the weights become.
             floating = entry["dtype"] in ("F64", "F32", "F16", "BF16")
-            total += elements * (target if target and floating else stored)
-    return total
+            width: float = stored
+            if target and floating:
+                width = target
+                if quantized and (len(entry["shape"]) < 2 or any(p in name for p in _UNQUANTIZED)):
+                    width = 2  # held at the compute dtype (bfloat16)
+            sizes[name] = int(elements * width)
+    return sizes
+
+
+def weight_bytes(snapshot: Path, dtype: Optional[str] = None) -> int:
+    """Bytes the weights take held as ``dtype`` (their stored dtypes when None)."""
+    return sum(tensor_bytes(snapshot, dtype).values())
+
+
+def normalise_device(device: "str | int") -> str:
+    """``0`` and ``"0"`` are ``"cuda:0"``; ``"cuda"`` is ``"cuda:0"``; others as written."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return f"cuda:{device}"
+    text = str(device).strip()
+    if text.isdigit():
+        return f"cuda:{text}"
+    return "cuda:0" if text == "cuda" else text
+
+
+def device_shares(
+    sizes: dict[str, int], device_map: "str | dict | None", devices: list[str], default: str
+) -> dict[str, int]:
+    """Bytes of the weights on each device under ``device_map``.
+
+    An explicit map (module name to device) is priced tensor by tensor, by the
+    longest module prefix that names it (a checkpoint's names may lack the
+    model's base prefix, ``transformer.``); tensors no entry names go to the
+    map's first device. A strategy ("auto", "balanced", ...) is priced as an
+    even split over ``devices``: give an explicit map for exact shares.
+    """
+    total = sum(sizes.values())
+    if device_map is None:
+        return {normalise_device(default): total}
+    if isinstance(device_map, str):
+        spread = [normalise_device(d) for d in devices] or [normalise_device(default)]
+        share = -(-total // len(spread))
+        return {device: share for device in spread}
+    entries = sorted(
+        ((key, normalise_device(value)) for key, value in device_map.items()),
+        key=lambda item: -len(item[0]),
+    )
+    first = normalise_device(next(iter(device_map.values())))
+    shares = {device: 0 for _, device in entries}
+    for name, size in sizes.items():
+        target = first
+        for key, device in entries:
+            stripped = key.split(".", 1)[1] if "." in key else ""
+            if key == "" or any(
+                candidate and (name == candidate or name.startswith(candidate + "."))
+                for candidate in (key, stripped)
+            ):
+                target = device
+                break
+        shares[target] = shares.get(target, 0) + size
+    return shares
 
 
 def parse_bytes(text: "str | int | float") -> int:

@@ -16,8 +16,12 @@ How each kind of state is kept, and what it costs per job:
   reason. Nothing is checked per job and no second copy is kept. Buffers, which
   some models legitimately update in a forward pass, keep a pristine copy and
   are compared and restored.
-* **Weight values (accelerators).** An exact checksum per tensor, compared
-  after each job (fast on a GPU); a mismatch is fatal.
+* **Weight values (accelerators).** Per job, O(number of tensors): each
+  parameter's version counter, data pointer and storage (`weights.WeightSeal`);
+  writes through ``.data`` are refused as they happen (`fresh_memory`). A
+  change is fatal. The exact fingerprint of every weight is compared off the
+  request path (`verify_weights`: after a job's result has gone out, at most
+  every ``WEIGHT_CHECK_INTERVAL`` seconds, or when the replica is idle).
 * **Structure.** Each module's, the tokenizer's, the pipeline's, the config's
   and nnsight ``CONFIG``'s attribute dicts (one level into containers, so hooks
   registered in ``_forward_hooks`` count), every parameter's identity, storage,
@@ -40,11 +44,12 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import types
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from .weights import WeightImage, checksum
+from .weights import WeightImage, WeightSeal, fingerprint
 
 _CONTAINERS = (dict, list, set)
 
@@ -304,13 +309,21 @@ class ModelGuard:
             (tensor, tensor.detach().clone()) for _, kind, _, tensor, _, _ in self.tensors
             if kind == "_buffers" and tensor.device.type == "cpu"
         ]
-        self.checksums = []
+        self.seal: Optional[WeightSeal] = None
+        self.fingerprints: list = []
         if self.image is None:
-            seen = set()
-            for _, kind, _, tensor, _, _ in self.tensors:
+            named, seen = [], set()
+            for owner, kind, name, tensor, _, _ in self.tensors:
                 if kind == "_parameters" and id(tensor) not in seen:
                     seen.add(id(tensor))
-                    self.checksums.append((tensor, checksum(tensor)))
+                    named.append((f"{type(owner).__name__}.{name}", tensor))
+            self.seal = WeightSeal(named)
+            # Taken once per placement (start-up, WARM to HOT), never per job.
+            self.fingerprints = [(label, tensor, fingerprint(tensor)) for label, tensor in named]
+        self.last_verified = time.monotonic()
+        from .fresh_memory import protected_storages
+
+        self._protected = protected_storages(tensor for _, tensor, _ in self.fingerprints)
         self.objects = [_DictSnapshot(m, f"module {n or 'model'}") for n, m in module.named_modules()]
         for key, obj in self.persistent_objects.items():
             if not isinstance(obj, torch.nn.Module):
@@ -369,6 +382,30 @@ class ModelGuard:
                 add(mod)
         return list(owners.values())
 
+    # -- the full check, off the request path --------------------------------------------------
+
+    #: Seconds between full fingerprints of accelerator weights (see `verify_weights`).
+    WEIGHT_CHECK_INTERVAL = 60.0
+
+    def protected_storages(self) -> frozenset:
+        """Storages of the weights that are not in read-only memory (refused writes)."""
+        return self._protected
+
+    def verify_weights(self, force: bool = False) -> list[str]:
+        """Compare every accelerator weight's exact fingerprint; the names that changed.
+
+        Reads every weight once (chunked: see `weights.fingerprint`), so it runs
+        when no job is waiting on it: after a job's result went out when the
+        interval has passed (``force`` skips the wait), or when the replica is idle.
+        """
+        if not self.fingerprints or (
+            not force and time.monotonic() - self.last_verified < self.WEIGHT_CHECK_INTERVAL
+        ):
+            return []
+        changed = [label for label, tensor, expected in self.fingerprints if fingerprint(tensor) != expected]
+        self.last_verified = time.monotonic()
+        return changed
+
     # -- after a job -------------------------------------------------------------------------
 
     def restore(self) -> GuardReport:
@@ -390,10 +427,8 @@ class ModelGuard:
                 if not torch.equal(tensor, pristine):
                     tensor.copy_(pristine)
                     report.restored.append("buffer values")
-        for tensor, expected in self.checksums:
-            if checksum(tensor) != expected:
-                report.fatal.append("a weight's values changed")
-                break
+        if self.seal is not None and self.seal.changed():
+            report.fatal.append("a weight's values changed")
         _restore_process_state(self.state, report)
         stopped = _stop_children(self.children)
         if stopped:

@@ -27,7 +27,7 @@ import sysconfig
 import threading
 import time
 import traceback
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from types import TracebackType
 from typing import Any, Callable, Iterator, Optional
 
@@ -279,6 +279,10 @@ class Runner:
         # What every request starts from; a request's env is undone afterwards
         # so it can never leak into the next user's run.
         self.default_env = model._remoteable_get_env()
+        if unpickler is not None:
+            from .fresh_memory import prepare
+
+            prepare()  # storage constructors patched before any user code can reach them
 
     def run(self, spec: JobSpec, emit: Emit) -> bool:
         """Run ``spec`` to completion, reporting RUNNING, LOG, then COMPLETED or ERROR.
@@ -326,6 +330,13 @@ class Runner:
         for event in final:
             event.description += notice
             emit(event)
+        if self.unpickler is not None:
+            from .fresh_memory import release_cached_memory
+
+            release_cached_memory()
+        if intact and self.guard is not None:
+            # The result has gone out: the full weight check costs no one latency.
+            intact = not self.guard.verify_weights()
         return intact
 
     def _run(self, spec: JobSpec, emit: Emit) -> None:
@@ -456,13 +467,22 @@ class Runner:
         # rather than serve the next user from it.
         self.model._remoteable_set_env(self.default_env)
 
+    def _memory(self) -> Any:
+        """Blank allocations and refused weight writes, for contained jobs (`fresh_memory`)."""
+        if self.unpickler is None:
+            return nullcontext()
+        from .fresh_memory import job_memory
+
+        protected = self.guard.protected_storages() if self.guard is not None else frozenset()
+        return job_memory(protected)
+
     def _execute(self, tracer: Any, spec: JobSpec, emit: Emit) -> dict:
         from nnsight.tracing.tracer import _saves, dec, inc
 
         def log(line: str) -> None:
             emit(JobEvent(spec.job_id, "LOG", line))
 
-        with capture_stdout(log, spec.max_log_lines), time_limit(spec.time_limit):
+        with capture_stdout(log, spec.max_log_lines), time_limit(spec.time_limit), self._memory():
             inc()
             try:
                 tracer.execute(tracer.info.code)

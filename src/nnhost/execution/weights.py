@@ -10,8 +10,16 @@ write is then a fault the kernel refuses; the worker dies and is restarted.
 Reading is unchanged (the same pages, no copy kept), and the memory is the
 same as before: the original tensors are freed.
 
-Weights on an accelerator cannot be mapped this way; `checksum` gives an exact
-fingerprint to compare after each job instead.
+Weights on an accelerator cannot be mapped this way. For them, the check after
+each job is `WeightSeal`: every parameter's version counter (torch bumps it on
+each in-place write through the parameter or any view or ``detach()`` of it),
+its data pointer and its storage, a few integer reads per tensor whatever its
+size. Writes that bypass the counter (through ``.data``) are refused as they
+happen by `fresh_memory.job_memory`. The exact `fingerprint` of every byte is
+kept off the request path: taken when the weights are placed, compared when
+the replica is idle (`ModelGuard.verify_weights`), and computed in fixed-size
+chunks so that it needs a few tens of MiB of temporaries on the device, not
+several bytes per weight.
 """
 
 from __future__ import annotations
@@ -94,8 +102,52 @@ class WeightImage:
         return cls(mapping, size, sum(len(m) for m in groups.values()))
 
 
-def checksum(tensor: Any) -> int:
-    """An exact fingerprint of a tensor's bytes (integer sums of its bit patterns)."""
+class WeightSeal:
+    """What a job cannot change about a tensor without torch noticing: O(1) per tensor.
+
+    ``_version`` is the counter autograd keeps for in-place writes; it is shared
+    by every view and ``detach()`` of the tensor, so ``weight[:] = 0``,
+    ``weight.add_(1)`` and ``weight.detach().zero_()`` all bump it. The data
+    and storage pointers catch a tensor re-pointed at other memory.
+    """
+
+    def __init__(self, named: Iterable[tuple[str, Any]]) -> None:
+        self.entries = [(name, tensor, _identity(tensor)) for name, tensor in named]
+
+    def changed(self) -> list[str]:
+        """Names of the tensors written in place or re-pointed since the seal was taken."""
+        return [name for name, tensor, identity in self.entries if _identity(tensor) != identity]
+
+
+def _identity(tensor: Any) -> tuple:
+    return (tensor._version, tensor.data_ptr(), tensor.untyped_storage().data_ptr())
+
+
+#: Elements fingerprinted at a time: 4M elements make 64 MiB of int64 temporaries at most.
+CHUNK_ELEMENTS = 1 << 22
+
+_POSITIONS: dict = {}
+
+
+def _positions(device: Any, count: int) -> Any:
+    """1, 2, 3, ... (mod 65521) as int64 on ``device``, built once per device and reused."""
+    import torch
+
+    key = str(device)
+    cached = _POSITIONS.get(key)
+    if cached is None or cached.numel() < count:
+        cached = torch.arange(1, max(count, CHUNK_ELEMENTS) + 1, device=device, dtype=torch.int64) % 65521
+        _POSITIONS[key] = cached
+    return cached[:count]
+
+
+def fingerprint(tensor: Any, chunk: int = CHUNK_ELEMENTS) -> int:
+    """An exact fingerprint of a tensor's bytes, read in chunks of ``chunk`` elements.
+
+    Each chunk's bit patterns are widened to int64 and summed twice: plainly,
+    and weighted by position (so a swap of two values shows). Temporaries never exceed two
+    int64 chunks, whatever the tensor's size.
+    """
     import torch
 
     flat = tensor.detach().reshape(-1)
@@ -103,6 +155,19 @@ def checksum(tensor: Any) -> int:
     as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(size)
     if as_int is None or flat.numel() == 0:
         return int(flat.numel())
-    bits = flat.view(as_int).to(torch.int64)
-    weights = torch.arange(1, bits.numel() + 1, device=bits.device, dtype=torch.int64) % 65521
-    return int((bits * weights).sum()) ^ int(bits.sum())
+    bits_all = flat.view(as_int)
+    plain = weighted = 0
+    for start in range(0, bits_all.numel(), chunk):
+        bits = bits_all[start : start + chunk].to(torch.int64)
+        positions = _positions(bits.device, bits.numel())
+        # The position weight restarts each chunk; the chunk index is mixed in on the host.
+        offset = start // chunk + 1
+        plain += int(bits.sum())
+        weighted += offset * int((bits * positions).sum())
+        del bits
+    return (weighted ^ plain) & ((1 << 64) - 1)
+
+
+def checksum(tensor: Any) -> int:
+    """`fingerprint` with the default chunk size (kept for callers of the old name)."""
+    return fingerprint(tensor)

@@ -1,0 +1,483 @@
+"""One check of nnhost on a GPU: parity, escapes that touch the GPU, and timings.
+
+Run it on a GPU host from a fresh checkout (see README "GPUs")::
+
+    python3 benchmarks/gpu_check.py                     # cuda:0, a ~1B GPT-2 in bf16
+    python3 benchmarks/gpu_check.py --device cpu --small   # the same script end to end on the CPU
+
+It builds its model itself (random weights, a GPT-2 shape, saved in the HF
+cache layout under a temp dir; nothing is downloaded, ``HF_HUB_OFFLINE=1`` for
+the server), serves it with a real ``nnhost serve`` with containment on (the
+default) from a ``[[model]]`` entry with ``device`` and ``dtype``, drives it
+with the real nnsight client, and prints:
+
+1. parity: each of a dozen programs, remote against the same code run locally
+   on the same device with the same weights;
+2. escapes that touch the GPU: writes into a weight (direct, through
+   ``.data``), reading uninitialised device memory after another job filled
+   it, keeping a device tensor on the model for the next request; after each,
+   a normal request must still match the local run;
+3. the per-job guard time (the worker's ``meta["integrity_seconds"]``);
+4. time to result with the model COLD, WARM and HOT, beside a plain
+   ``from_pretrained`` load onto the device;
+5. small-trace latency, remote against local.
+
+It exits 1 if any parity or escape check fails, 0 otherwise, and 0 with
+"no GPU: skipped" where the device is CUDA and ``torch.cuda.is_available()``
+is false. Programs come from ``tests/parity_programs.py`` (``PROGRAMS``, a
+list of ``(name, function(model, remote) -> dict)``) when that file exists,
+else from the dozen below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+REPO_ID = "nnhost-gpu-check/gpt2"
+API_KEY = "nnh_gpucheck_" + "g" * 40
+PROMPT = "The Eiffel Tower is in the city of"
+OTHER = "The Colosseum is in the city of"
+#: About 1.06B parameters: 24 blocks of width 1920 (GPT-2's shape, a small vocabulary).
+LARGE = dict(n_layer=24, n_embd=1920, n_head=16, n_positions=1024, vocab_size=512)
+SMALL = dict(n_layer=2, n_embd=64, n_head=4, n_positions=128, vocab_size=512)
+
+
+# --- the programs compared remote against local ------------------------------------------
+
+
+def p_logits(model, remote):
+    with model.trace(PROMPT, remote=remote):
+        logits = model.lm_head.output.save()
+    return {"logits": logits}
+
+
+def p_hidden_states(model, remote):
+    with model.trace(PROMPT, remote=remote):
+        first = model.transformer.h[0].output.save()
+        last = model.transformer.h[-1].output.save()
+    return {"first": first, "last": last}
+
+
+def p_zero_a_position(model, remote):
+    with model.trace(PROMPT, remote=remote):
+        model.transformer.h[0].output[:, -1, :] = 0
+        logits = model.lm_head.output.save()
+    return {"logits": logits}
+
+
+def p_scale_the_mlp(model, remote):
+    with model.trace(PROMPT, remote=remote):
+        model.transformer.h[0].mlp.output = model.transformer.h[0].mlp.output * 2
+        logits = model.lm_head.output[:, -1].save()
+    return {"logits": logits}
+
+
+def p_module_input(model, remote):
+    with model.trace(PROMPT, remote=remote):
+        mlp_input = model.transformer.h[0].mlp.input.save()
+    return {"mlp_input": mlp_input}
+
+
+def p_attention_output(model, remote):
+    with model.trace(PROMPT, remote=remote):
+        attention = model.transformer.h[0].attn.output[0].save()
+    return {"attention": attention}
+
+
+def p_invokes(model, remote):
+    with model.trace(remote=remote) as tracer:
+        with tracer.invoke(PROMPT):
+            first = model.lm_head.output[:, -1].save()
+        with tracer.invoke(OTHER):
+            second = model.lm_head.output[:, -1].save()
+    return {"first": first, "second": second}
+
+
+def p_session_patch(model, remote):
+    with model.session(remote=remote):
+        with model.trace(PROMPT):
+            eiffel = model.transformer.h[-1].output[:, -1, :]
+        with model.trace(OTHER):
+            model.transformer.h[-1].output[:, -1, :] = eiffel
+            patched = model.lm_head.output.save()
+    return {"patched": patched}
+
+
+def p_generate(model, remote):
+    with model.generate(PROMPT, max_new_tokens=3, remote=remote) as tracer:
+        output = tracer.result.save()
+    return {"output": output}
+
+
+def p_generate_steps(model, remote):
+    with model.generate(OTHER, max_new_tokens=3, remote=remote) as tracer:
+        tokens = list().save()
+        for step in tracer.iter[:]:
+            tokens.append(model.lm_head.output[0, -1].argmax(dim=-1))
+    return {"tokens": tokens}
+
+
+def p_gradient(model, remote):
+    with model.trace(PROMPT, remote=remote):
+        hidden = model.transformer.h[0].output
+        hidden.requires_grad = True
+        loss = model.lm_head.output[0, -1, 5]
+        with loss.backward():
+            grad = hidden.grad.save()
+    return {"grad": grad}
+
+
+def p_steering(model, remote):
+    import torch
+
+    with model.trace(PROMPT, remote=remote):
+        hidden = model.transformer.h[0].output
+        direction = torch.ones(hidden.shape[-1], device=hidden.device, dtype=hidden.dtype)
+        model.transformer.h[0].output = hidden + direction
+        norms = model.transformer.h[-1].output.norm(dim=-1).save()
+        top = model.lm_head.output[0, -1].argmax().save()
+    return {"top": top, "norms": norms}
+
+
+OWN_PROGRAMS: list[tuple[str, Callable]] = [
+    (function.__name__[2:], function)
+    for function in (
+        p_logits, p_hidden_states, p_zero_a_position, p_scale_the_mlp, p_module_input,
+        p_attention_output, p_invokes, p_session_patch, p_generate, p_generate_steps,
+        p_gradient, p_steering,
+    )
+]
+
+
+def programs() -> tuple[str, list[tuple[str, Callable]]]:
+    path = ROOT / "tests" / "parity_programs.py"
+    if path.is_file():
+        sys.path.insert(0, str(path.parent))
+        try:
+            from parity_programs import PROGRAMS  # type: ignore
+
+            return "tests/parity_programs.py", list(PROGRAMS)
+        except Exception as error:  # the file's interface changed: say so, use our own
+            print(f"  (tests/parity_programs.py not usable: {error!r}; using the script's own)")
+    return "benchmarks/gpu_check.py's own", OWN_PROGRAMS
+
+
+# --- comparing --------------------------------------------------------------------------
+
+
+def to_cpu(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_cpu(v) for v in value)
+    return value
+
+
+def same(remote: Any, local: Any) -> Optional[str]:
+    """None when equal (tensors close for their dtype), else what differs."""
+    import torch
+
+    if isinstance(local, torch.Tensor):
+        if not isinstance(remote, torch.Tensor):
+            return f"{type(remote).__name__} is not a tensor"
+        try:
+            torch.testing.assert_close(remote, local)
+        except AssertionError as error:
+            return str(error).splitlines()[0]
+        return None
+    if isinstance(local, dict):
+        if not isinstance(remote, dict) or remote.keys() != local.keys():
+            return "different keys"
+        for key in local:
+            problem = same(remote[key], local[key])
+            if problem:
+                return f"{key}: {problem}"
+        return None
+    if isinstance(local, (list, tuple)):
+        if len(remote) != len(local):
+            return "different lengths"
+        for index, (a, b) in enumerate(zip(remote, local)):
+            problem = same(a, b)
+            if problem:
+                return f"[{index}]: {problem}"
+        return None
+    return None if remote == local else f"{remote!r} != {local!r}"
+
+
+# --- escapes ------------------------------------------------------------------------------
+
+
+def e_write_into_a_weight(model, remote):
+    with model.trace(PROMPT, remote=remote):
+        model.transformer.h[0].mlp.c_fc.weight[:] = 0
+
+
+def e_zero_a_weight_through_data(model, remote):
+    with model.trace(PROMPT, remote=remote):
+        model.lm_head.weight.data.zero_()
+
+
+def e_fill_device_memory(model, remote):
+    import torch
+
+    with model.trace(PROMPT, remote=remote):
+        device = model.transformer.h[0].output.device
+        for size in (4096, 1 << 16, 1 << 20, 1 << 24):
+            for _ in range(3):
+                block = torch.full((size,), 1234.5, device=device)
+                block.mul_(1.0)
+        done = model.lm_head.output[0, 0, 0].save()
+
+
+def e_read_uninitialised_memory(model, remote):
+    import nnsight
+    import torch
+
+    with model.trace(PROMPT, remote=remote):
+        device = model.transformer.h[0].output.device
+        found = []
+        for size in (4096, 1 << 16, 1 << 20, 1 << 24):
+            for tensor in (
+                torch.empty(size, device=device),
+                torch.empty_like(torch.zeros(size, device=device)),
+                torch.zeros(1, device=device).new_empty(size),
+                torch.empty_strided((size,), (1,), device=device),
+                torch.zeros(1, device=device).resize_(size + 1)[1:],
+            ):
+                found.append(int(torch.count_nonzero(tensor)))
+        found = nnsight.save(found)
+    return found
+
+
+def e_keep_a_tensor(model, remote):
+    import torch
+
+    with model.trace(PROMPT, remote=remote):
+        device = model.transformer.h[0].output.device
+        model._module.transformer.kept = torch.full((1 << 20,), 7.0, device=device)
+        done = model.lm_head.output[0, 0, 0].save()
+
+
+def e_find_the_kept_tensor(model, remote):
+    import nnsight
+
+    with model.trace(PROMPT, remote=remote):
+        kept = nnsight.save(hasattr(model._module.transformer, "kept"))
+    return kept
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+class Check:
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+
+    def record(self, name: str, ok: bool, detail: str = "") -> None:
+        print(f"  {'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}", flush=True)
+        if not ok:
+            self.failures.append(name)
+
+
+def timed(function: Callable[[], Any], device: str) -> tuple[float, Any]:
+    import torch
+
+    gc.collect()
+    started = time.perf_counter()
+    value = function()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter() - started, value
+
+
+def build(hf_home: Path, small: bool, dtype: str) -> Path:
+    import torch
+
+    from nnhost.models.tiny import TinyGPT2Spec, build_gpt2, save_to_cache
+
+    model, tokenizer = build_gpt2(TinyGPT2Spec(**(SMALL if small else LARGE)))
+    model = model.to(getattr(torch, dtype))
+    snapshot = save_to_cache(model, tokenizer, REPO_ID, hf_home)
+    del model
+    gc.collect()
+    return snapshot
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--small", action="store_true", help="a tiny model (for the CPU)")
+    parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on the CPU")
+    parser.add_argument("--repeats", type=int, default=5, help="timed small traces per side")
+    args = parser.parse_args(argv)
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("no GPU: skipped (torch.cuda.is_available() is false; "
+              "run with --device cpu --small to exercise the script on the CPU)")
+        return 0
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    from nnhost.testing import ServerProcess, free_port, point_client_at
+
+    root = Path(tempfile.mkdtemp(prefix="nnhost-gpu-check-"))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    point_client_at(url, API_KEY, root)
+    hf_home = root / "server-hf"
+    started = time.perf_counter()
+    snapshot = build(hf_home, args.small, dtype)
+    print(f"built {REPO_ID} in {time.perf_counter() - started:.1f}s at {snapshot}", flush=True)
+    data_dir = root / "data"
+    data_dir.mkdir()
+    (data_dir / "nnhost.toml").write_text(
+        f'[[model]]\nrepo_id = "{REPO_ID}"\ndevice = "{args.device}"\ndtype = "{dtype}"\n'
+    )
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    server = ServerProcess([], data_dir=data_dir, hf_home=hf_home, api_key=API_KEY, port=port, env=env)
+    check = Check()
+    try:
+        started = time.perf_counter()
+        server.start(timeout=600)
+        entry = next(iter(server.status()["deployments"].values()))
+        print(f"server up in {time.perf_counter() - started:.1f}s: {entry.get('description', '')}")
+        layers = entry.get("containment") or {}
+        print(f"containment: {layers}", flush=True)
+
+        import nnsight
+        from nnsight import LanguageModel
+        from nnsight.intervention.backends.remote import RemoteBackend, RemoteError
+
+        nnsight.CONFIG.APP.REMOTE_LOGGING = False
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            remote_model = LanguageModel(REPO_ID)
+            local_model = LanguageModel(str(snapshot), dispatch=True, dtype=getattr(torch, dtype))
+        local_model._module.to(args.device)
+        for parameter in local_model._module.parameters():
+            parameter.requires_grad_(False)
+        parameters = sum(p.numel() for p in local_model._module.parameters())
+        print(f"model: {parameters / 1e6:.1f}M parameters, {dtype}, on {args.device}")
+
+        source, listed = programs()
+        print(f"\nparity: {len(listed)} programs ({source}), remote against local on {args.device}")
+        reference = None
+        for name, program in listed:
+            try:
+                local = to_cpu(program(local_model, False))
+                remote = to_cpu(program(remote_model, url))
+                problem = same(remote, local)
+                check.record(name, problem is None, problem or "")
+                if name == "logits":
+                    reference = local
+            except Exception as error:
+                check.record(name, False, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        if reference is None:
+            reference = to_cpu(p_logits(local_model, False))
+
+        def still_serving(after: str) -> None:
+            server.wait_running(600)
+            problem = same(to_cpu(p_logits(remote_model, url)), reference)
+            check.record(f"after {after}: a normal request matches local", problem is None, problem or "")
+
+        print("\nescapes that touch the device")
+        for name, escape in (("write into a weight", e_write_into_a_weight),
+                             ("zero a weight through .data", e_zero_a_weight_through_data)):
+            try:
+                escape(remote_model, url)
+                check.record(f"{name}: refused", False, "the request completed")
+            except RemoteError as error:
+                check.record(f"{name}: refused", True, str(error).strip().splitlines()[-1][:120])
+            still_serving(name)
+        e_fill_device_memory(remote_model, url)
+        found = e_read_uninitialised_memory(remote_model, url)
+        check.record("uninitialised device memory after another job filled it is blank",
+                     sum(found) == 0, f"{sum(found)} non-zero elements in {len(found)} allocations")
+        try:
+            e_keep_a_tensor(remote_model, url)
+        except RemoteError:
+            pass
+        kept = e_find_the_kept_tensor(remote_model, url)
+        check.record("a device tensor kept on the model is gone for the next request", kept is False,
+                     f"hasattr(transformer, 'kept') is {kept}")
+        still_serving("the escapes")
+
+        print("\ntimings")
+        guard, remote_times, local_times = [], [], []
+        for _ in range(args.repeats + 1):
+            backend = RemoteBackend(remote_model.to_model_key(), host=url)
+            t0 = time.perf_counter()
+            with remote_model.trace(PROMPT, backend=backend):
+                logits = remote_model.lm_head.output[:, -1].save()
+            remote_times.append(time.perf_counter() - t0)
+            guard.append((backend.meta or {}).get("integrity_seconds", float("nan")))
+            elapsed, _ = timed(lambda: p_logits(local_model, False), args.device)
+            local_times.append(elapsed)
+        remote_ms = statistics.median(remote_times[1:]) * 1000
+        local_ms = statistics.median(local_times[1:]) * 1000
+        print(f"  per-job guard: {statistics.median(guard[1:]) * 1000:.2f} ms (median of {args.repeats})")
+        print(f"  small trace: remote {remote_ms:.1f} ms, local {local_ms:.1f} ms, "
+              f"ratio {remote_ms / local_ms:.2f}x, overhead {remote_ms - local_ms:.1f} ms")
+
+        from hotswap import Admin
+
+        admin = Admin(url, API_KEY, REPO_ID)
+        levels: dict[str, float] = {}
+        try:
+            levels["HOT"], _ = timed(lambda: p_logits(remote_model, url), "cpu")
+            admin.evict()
+            admin.wait("COLD", running=False, timeout=300)
+            levels["COLD"], _ = timed(lambda: p_logits(remote_model, url), "cpu")
+            admin.wait("HOT", running=True, timeout=300)
+            admin.evict()
+            admin.wait("COLD", running=False, timeout=300)
+            admin.deploy("warm")
+            admin.wait("WARM", running=True, timeout=600)
+            levels["WARM"], _ = timed(lambda: p_logits(remote_model, url), "cpu")
+            admin.wait("HOT", running=True, timeout=300)
+        finally:
+            admin.close()
+        from transformers import AutoModelForCausalLM
+
+        def plain_load():
+            model = AutoModelForCausalLM.from_pretrained(str(snapshot), dtype=getattr(torch, dtype))
+            return model.to(args.device)
+
+        load_seconds, loaded = timed(plain_load, args.device)
+        del loaded
+        print("  time to result: " + ", ".join(f"{k} {v:.2f}s" for k, v in levels.items())
+              + f"; plain from_pretrained onto {args.device}: {load_seconds:.2f}s")
+        still_serving("the level changes")
+    except Exception:
+        traceback.print_exc()
+        print(server.log_tail(60))
+        check.failures.append("the check itself")
+    finally:
+        server.stop()
+    print()
+    if check.failures:
+        print(f"FAILED: {len(check.failures)} check(s): {', '.join(check.failures)}")
+        return 1
+    print("all parity and escape checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

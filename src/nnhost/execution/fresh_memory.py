@@ -1,0 +1,241 @@
+"""Memory a request allocates starts blank: never an earlier request's values.
+
+``torch.empty`` and its family hand back memory without clearing it. On the
+CPU that memory comes from the heap, where glibc's ``M_PERTURB`` (see
+`containment`) overwrites what was freed; but PyTorch's own caches do not go
+through ``free``: the CUDA caching allocator and the pinned-host allocator
+keep freed blocks and give them to the next allocation of that size, still
+holding the previous user's activations. So while a job runs, `job_memory`
+puts a dispatch mode on torch's stack (it sees every aten operation, whatever
+Python spelling reached it: ``torch.empty``, ``empty_like``, ``new_empty``,
+``empty_strided``, ``Tensor.resize_``, ``torch.Tensor(n)``, the legacy typed
+constructors, ``torch.ops.aten.empty``) and fills what those return with
+zeros; a ``resize_`` that grows a storage gets its new tail zeroed. Storages
+built from a size (``torch.UntypedStorage(n)``, ``TypedStorage``,
+``FloatStorage(n)``) and a storage's own ``resize_``, which do not pass through
+the dispatcher, are zeroed by patched methods, and ``numpy.empty``/``empty_like`` (numpy caches small
+freed buffers outside malloc) return zeros.
+
+The mode is on for the whole job, so it also zeroes the few ``empty`` calls
+the model's own forward pass makes from Python: those are the job's own
+allocations, and zeroing them costs one memset each. Most intermediate
+tensors are allocated inside aten kernels, below the dispatcher, and are
+entirely written by the kernel before anyone can read them.
+
+The same mode refuses in-place writes (``add_``, ``copy_``, ``out=``, through
+``.data`` or any view) into the storages it is told to protect: the weights
+held on an accelerator, which cannot be mapped read-only as the CPU weights
+are (`weights.WeightImage`). The write is refused before it happens, so the
+model never changes and nothing needs restarting.
+
+Between jobs `release_cached_memory` returns the CUDA and pinned-host caches'
+free blocks, so a later job's allocations do not start from them.
+
+It must never change what a program computes: zeros where the values were
+undefined, and errors only for writes into the shared weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterable, Iterator, Optional
+
+_EMPTY_PACKETS = (
+    "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided",
+    "empty_permuted", "empty_quantized", "_empty_affine_quantized",
+    "_empty_per_channel_affine_quantized",
+)
+_RESIZE_PACKETS = ("resize_", "resize_as_")
+
+
+class WeightWriteRefused(RuntimeError):
+    """User code tried to write into the shared model's weights."""
+
+
+def _overloads(names: Iterable[str]) -> set:
+    import torch
+
+    found = set()
+    for name in names:
+        packet = getattr(torch.ops.aten, name, None)
+        if packet is None:
+            continue
+        for overload in packet.overloads():
+            found.add(getattr(packet, overload))
+    return found
+
+
+def _zero_storage(tensor: Any, start: int = 0) -> None:
+    """Zero the bytes of ``tensor``'s storage from ``start`` on (all of them by default)."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor) or tensor.is_meta or tensor.layout != torch.strided:
+        return
+    storage = tensor.untyped_storage()
+    size = storage.nbytes()
+    if size <= start:
+        return
+    raw = torch.empty(0, dtype=torch.uint8, device=tensor.device)
+    raw.set_(storage, 0, (size,), (1,))
+    raw[start:].zero_()
+
+
+def _writes(func: Any) -> tuple:
+    """(position, name) of the arguments ``func`` writes into, from its schema."""
+    written = []
+    for index, argument in enumerate(func._schema.arguments):
+        info = argument.alias_info
+        if info is not None and info.is_write:
+            written.append((index, argument.name))
+    return tuple(written)
+
+
+def _tensors(value: Any) -> Iterator[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            if isinstance(item, torch.Tensor):
+                yield item
+
+
+def _make_mode_class() -> type:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    empties = _overloads(_EMPTY_PACKETS)
+    resizes = _overloads(_RESIZE_PACKETS)
+
+    class BlankAllocations(TorchDispatchMode):
+        """Zero what the empty family returns; refuse writes into protected storages."""
+
+        def __init__(self, protected: frozenset) -> None:
+            super().__init__()
+            self.protected = protected
+            self.plans: dict = {}
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+            kwargs = kwargs or {}
+            if func in empties:
+                result = func(*args, **kwargs)
+                _zero_storage(result)
+                return result
+            if func in resizes:
+                target = args[0]
+                before = target.untyped_storage().nbytes()
+                result = func(*args, **kwargs)
+                _zero_storage(target, before)
+                return result
+            if self.protected:
+                plan = self.plans.get(func)
+                if plan is None:
+                    plan = self.plans[func] = _writes(func)
+                for index, name in plan:
+                    value = args[index] if index < len(args) else kwargs.get(name)
+                    for tensor in _tensors(value):
+                        if tensor.untyped_storage().data_ptr() in self.protected:
+                            raise WeightWriteRefused(
+                                f"{func.__name__.split('.')[0]} would write into the model's weights, which are "
+                                "read-only on this server: work on a copy (`weight.clone()`) or "
+                                "change activations instead."
+                            )
+            return func(*args, **kwargs)
+
+    return BlankAllocations
+
+
+_MODE_CLASS: Optional[type] = None
+_PATCHED = False
+
+
+def _patch_constructors() -> None:
+    """Storages made from a size, and numpy's empties, come back zeroed (once per process)."""
+    global _PATCHED
+    if _PATCHED:
+        return
+    _PATCHED = True
+    import torch
+
+    base_new = torch._C.StorageBase.__new__
+
+    def __new__(cls, *args, **kwargs):
+        storage = base_new(cls, *args, **kwargs)
+        if args and isinstance(args[0], int) and not isinstance(args[0], bool) and storage.nbytes():
+            if storage.device.type != "meta":
+                storage.fill_(0)
+        return storage
+
+    torch.UntypedStorage.__new__ = __new__
+    base_resize = torch.UntypedStorage.resize_
+
+    def resize_(self, size):
+        # A storage's own resize_ goes below the dispatcher on the CPU.
+        before = self.nbytes()
+        result = base_resize(self, size)
+        if self.nbytes() > before and self.device.type != "meta":
+            raw = torch.empty(0, dtype=torch.uint8, device=self.device)
+            raw.set_(self, 0, (self.nbytes(),), (1,))
+            raw[before:].zero_()
+        return result
+
+    torch.UntypedStorage.resize_ = resize_
+    try:
+        import numpy
+    except ImportError:
+        return
+
+    def empty(shape, dtype=float, order="C", *, device=None, like=None):
+        extra = {} if like is None else {"like": like}
+        if device is not None:
+            extra["device"] = device
+        return numpy.zeros(shape, dtype, order, **extra)
+
+    def empty_like(prototype, dtype=None, order="K", subok=True, shape=None, *, device=None):
+        extra = {} if device is None else {"device": device}
+        return numpy.zeros_like(prototype, dtype, order, subok, shape, **extra)
+
+    # As the server, before any module refuses writes from user code.
+    numpy.empty = empty
+    numpy.empty_like = empty_like
+
+
+def protected_storages(tensors: Iterable[Any]) -> frozenset:
+    """The storage addresses of ``tensors`` that are not in host memory."""
+    pointers = set()
+    for tensor in tensors:
+        if tensor.device.type in ("cpu", "meta"):
+            continue
+        pointer = tensor.untyped_storage().data_ptr()
+        if pointer:
+            pointers.add(pointer)
+    return frozenset(pointers)
+
+
+def prepare() -> None:
+    """Patch the constructors now (call before user code can reach them)."""
+    global _MODE_CLASS
+    _patch_constructors()
+    if _MODE_CLASS is None:
+        _MODE_CLASS = _make_mode_class()
+
+
+@contextlib.contextmanager
+def job_memory(protected: frozenset = frozenset()) -> Iterator[None]:
+    """While a job runs: blank allocations, and no writes into ``protected`` storages."""
+    prepare()
+    assert _MODE_CLASS is not None
+    with _MODE_CLASS(protected):
+        yield
+
+
+def release_cached_memory() -> None:
+    """Return the CUDA and pinned-host caches' free blocks after a job."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        host_empty = getattr(torch._C, "_host_emptyCache", None)
+        if host_empty is not None:
+            host_empty()
