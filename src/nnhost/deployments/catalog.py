@@ -94,7 +94,10 @@ class ModelSpec:
                  "device", "replicas", "deploy", "load_kwargs"}
         unknown = set(table) - known
         if unknown:
-            raise ValueError(f"[[model]] {table.get('repo_id')!r}: unknown keys {sorted(unknown)}")
+            raise ValueError(
+                f"[[model]] {table.get('repo_id')!r}: unknown keys {sorted(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
         if "repo_id" not in table:
             raise ValueError("every [[model]] needs a repo_id")
         spec = cls(**table)

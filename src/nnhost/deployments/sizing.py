@@ -54,19 +54,3 @@ def weight_bytes(snapshot: Path, dtype: Optional[str] = None) -> int:
             floating = entry["dtype"] in ("F64", "F32", "F16", "BF16")
             total += elements * (target if target and floating else stored)
     return total
-
-
-def parse_bytes(text: "str | int | float") -> int:
-    """``"8GiB"``, ``"512MB"``, ``"1.5G"`` or a number of bytes."""
-    if isinstance(text, (int, float)):
-        return int(text)
-    value = text.strip().upper().replace(" ", "")
-    units = {
-        "TIB": 1 << 40, "GIB": 1 << 30, "MIB": 1 << 20, "KIB": 1 << 10,
-        "TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3,
-        "T": 1 << 40, "G": 1 << 30, "M": 1 << 20, "K": 1 << 10, "B": 1,
-    }
-    for unit, factor in units.items():
-        if value.endswith(unit):
-            return int(float(value[: -len(unit)]) * factor)
-    return int(float(value))
