@@ -138,9 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", default=None, help="database, results and model cache")
     serve.add_argument("--config", default=None, help="a TOML file (default DATA_DIR/nnhost.toml)")
     serve.add_argument("--api-key", default=None, help="accept this key for the admin user")
-    serve.add_argument("--time-limit", type=float, default=None, help="seconds per request")
     serve.add_argument(
-        "--kill-grace", type=float, default=None, help="seconds past the limit before a kill"
+        "--time-limit", default=None, help="how long one request may run: seconds, or e.g. 30m"
+    )
+    serve.add_argument(
+        "--kill-grace", default=None, help="seconds past the limit before a kill"
     )
     serve.add_argument("--public-url", default=None, help="base URL clients reach us at")
     serve.add_argument("--torch-threads", type=int, default=None, help="threads per worker")

@@ -320,9 +320,7 @@ class _Origins:
             return f"--{key.replace('_', '-')}"
         if f"{ENV_PREFIX}{key.upper()}" in self.environ:
             return f"{ENV_PREFIX}{key.upper()}"
-        if key == "catalog":
-            return f"[[model]] in {self.config_file}"
-        if key in self.toml:
+        if key in self.toml or key == "catalog":
             return str(self.config_file)
         return "the default"
 
@@ -373,8 +371,7 @@ def _describe(error: dict, origin: _Origins) -> str:
         accepted = f"not accepted: {error.get('msg')}"
     else:
         accepted = f"not accepted; use {_ACCEPTED.get(kind, error.get('msg', 'another value'))}"
-    if key == "catalog":
-        return f"[[model]] table (in {origin(key)}): {accepted}"
-    if key == "limits":
-        return f"limits (in {origin(key)}): {accepted}"
+    if key in ("catalog", "limits"):
+        # The reason already names the table ([[model]] 'org/x', [limits.tag]).
+        return f"{accepted} (in {origin(key)})"
     return f"setting {name} = {value!r} (from {origin(key)}): {accepted}"
