@@ -23,7 +23,7 @@ import pytest
 
 from conftest import TEST_REPO
 
-CHROMIUM = os.environ.get("NNHOST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM = os.environ.get("NNHOST_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",

@@ -75,12 +75,10 @@ def test_every_flag_named_exists_in_the_cli():
 
 
 def test_every_setting_is_documented():
-    from dataclasses import fields
-
     from nnhost.config import Settings
 
     configuration = section(readme_text(), "Configuration")
-    missing = [f.name for f in fields(Settings) if f"`{f.name}`" not in configuration]
+    missing = [name for name in Settings.model_fields if f"`{name}`" not in configuration]
     assert not missing, f"settings missing from the Configuration section: {missing}"
 
 

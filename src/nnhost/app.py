@@ -24,17 +24,20 @@ from .auth.keys import LOCAL_ADMIN_EMAIL, KeyStore
 from .config import Settings
 from .deployments.catalog import Catalog, ModelSpec
 from .deployments.manager import DeploymentManager
-from .deployments.sizing import device_shares, parse_bytes, tensor_bytes
+from .deployments.sizing import device_shares, tensor_bytes
 from .jobs.events import EventBus
 from .jobs.scheduler import Scheduler
 from .jobs.service import JobService
 from .jobs.store import JobStore, connect
 from .models.hfcache import find_snapshot
 from .storage.results import BlobDir, LinkSigner
+from .units import parse_size
 
 log = logging.getLogger("nnhost")
 
 ADMIN_EMAIL = LOCAL_ADMIN_EMAIL
+#: How often jobs past their time limit are looked for.
+STUCK_SWEEP_SECONDS = 5.0
 
 
 @dataclass
@@ -91,7 +94,7 @@ def memory_budgets(settings: Settings, catalog: Optional[Catalog] = None) -> dic
     90% of its free memory (`deployments.devices.gpu_memory`) when the catalog uses it."""
     from .deployments.devices import gpu_memory
 
-    budgets = {device: parse_bytes(size) for device, size in settings.memory_budget.items()}
+    budgets = {device: parse_size(size) for device, size in settings.memory_budget.items()}
     if "cpu" not in budgets:
         try:
             total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -204,14 +207,22 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
         deployments.start()
 
         async def sweep() -> None:
+            every = min(60.0, max(1.0, settings.result_retention / 4))
+            last = 0.0
             while True:
                 try:
-                    removed = jobs.sweep_results()
-                    if removed:
-                        log.info("deleted %d expired results", removed)
+                    # No job stays DISPATCHED or RUNNING past its limit, whatever its worker says.
+                    stuck = jobs.sweep_stuck()
+                    if stuck:
+                        log.warning("failed %d jobs that ran past their time limit", stuck)
+                    if loop.time() - last >= every:
+                        last = loop.time()
+                        removed = jobs.sweep_results()
+                        if removed:
+                            log.info("deleted %d expired results", removed)
                 except Exception:
-                    log.exception("result sweep failed")
-                await asyncio.sleep(min(60.0, max(1.0, settings.result_retention / 4)))
+                    log.exception("job sweep failed")
+                await asyncio.sleep(STUCK_SWEEP_SECONDS)
 
         sweeper = asyncio.create_task(sweep())
         # Result frames are torch.save'd; import torch now, off the loop, rather

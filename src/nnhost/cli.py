@@ -32,7 +32,8 @@ def _serve(args: argparse.Namespace) -> int:
             "auth": args.auth,
             "allow_insecure": args.allow_insecure or None,
             "signup": args.signup,
-            "memory_budget": dict(item.split("=", 1) for item in args.memory_budget) or None,
+            "memory_budget": ",".join(args.memory_budget) or None,
+            "forwarded_allow_ips": args.forwarded_allow_ips,
         },
         Path(args.config) if args.config else None,
     )
@@ -107,6 +108,10 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         ws_max_size=1 << 30,
         timeout_graceful_shutdown=10,
+        # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told otherwise;
+        # here only the proxies the operator names are believed (none by default).
+        proxy_headers=bool(settings.forwarded_allow_ips),
+        forwarded_allow_ips=",".join(settings.forwarded_allow_ips) or "",
     )
     return 0
 
@@ -133,9 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", default=None, help="database, results and model cache")
     serve.add_argument("--config", default=None, help="a TOML file (default DATA_DIR/nnhost.toml)")
     serve.add_argument("--api-key", default=None, help="accept this key for the admin user")
-    serve.add_argument("--time-limit", type=float, default=None, help="seconds per request")
     serve.add_argument(
-        "--kill-grace", type=float, default=None, help="seconds past the limit before a kill"
+        "--time-limit", default=None, help="how long one request may run: seconds, or e.g. 30m"
+    )
+    serve.add_argument(
+        "--kill-grace", default=None, help="seconds past the limit before a kill"
     )
     serve.add_argument("--public-url", default=None, help="base URL clients reach us at")
     serve.add_argument("--torch-threads", type=int, default=None, help="threads per worker")
@@ -157,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DEVICE=SIZE",
         help="memory HOT models may use on a device, e.g. cpu=8GiB (repeatable)",
     )
+    serve.add_argument(
+        "--forwarded-allow-ips",
+        default=None,
+        metavar="ADDRESSES",
+        help="proxies whose X-Forwarded-For is believed, comma-separated (default none)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(run=_serve)
 
@@ -177,7 +190,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    from .config import SettingsError
+
+    try:
+        return args.run(args)
+    except SettingsError as error:
+        # The operator's mistake, not ours: the message, no traceback.
+        for line in str(error).splitlines():
+            print(f"nnhost {args.command}: {line}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

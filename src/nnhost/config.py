@@ -1,29 +1,92 @@
-"""One `Settings` object for the whole server.
+"""One `Settings` object for the whole server, validated before anything starts.
 
 Precedence, lowest first: the defaults here, ``nnhost.toml`` in the data
 directory (or ``--config``), ``NNHOST_*`` environment variables, then
 command-line flags. Every part of the server reads its knobs from here, so
 there is one place to see what can be tuned.
+
+A setting that is silently wrong is worse than none: an unknown key (in the
+TOML file or as an ``NNHOST_`` variable), a boolean that is not one, a size or
+a duration that does not parse stops the server with `SettingsError`, whose
+message names the key, the value, where it came from and what is accepted.
+This module must never guess what a bad value meant.
+
+To add a setting, add one annotated field to `Settings` (with a ``#:`` comment
+and a line in README's table); sizes use `Size`, durations `Duration`.
 """
 
 from __future__ import annotations
 
+import contextvars
+import difflib
+import json
 import os
 import tomllib
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Annotated, Any, Literal, Mapping, Optional
+
+from packaging.version import InvalidVersion, Version
+from pydantic import BeforeValidator, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from .units import DURATION_HELP, SIZE_HELP, parse_duration, parse_size
 
 MiB = 1024 * 1024
+ENV_PREFIX = "NNHOST_"
+#: ``NNHOST_`` variables that are not settings: the test suite's and the workers' own.
+RESERVED_ENV_PREFIXES = ("NNHOST_TEST_", "NNHOST_WORKER_")
 
 
-@dataclass
-class Settings:
+def _split(value: Any) -> Any:
+    """A list from the environment: JSON (``["a", "b"]``) or comma-separated."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            return json.loads(text)
+        return [part.strip() for part in text.split(",") if part.strip()]
+    return value
+
+
+def _pairs(value: Any) -> Any:
+    """A table from the environment: JSON (``{"cpu": "8GiB"}``) or ``key=value,key=value``."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("{"):
+            return json.loads(text)
+        table = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, equals, item = part.partition("=")
+            if not equals:
+                raise ValueError(f"{part!r} is not key=value (e.g. cpu=16GiB)")
+            table[key.strip()] = item.strip()
+        return table
+    return value
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) and value.strip() else value
+
+
+#: Bytes: a number or a size with SI or IEC units (see nnhost.units).
+Size = Annotated[int, BeforeValidator(parse_size)]
+#: Seconds: a number, or a duration like "24h".
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Names = Annotated[list[str], BeforeValidator(_split)]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        extra="forbid",
+        enable_decoding=False,  # lists and tables from the environment are parsed below
+        validate_default=True,
+    )
+
     host: str = "127.0.0.1"
-    port: int = 8001
+    port: int = Field(8001, ge=1, le=65535)
     data_dir: Path = Path("./nnhost-data")
     #: Repo ids served (each may be "org/name" or "org/name@revision").
-    models: list[str] = field(default_factory=list)
+    models: Names = Field(default_factory=list)
     #: Build and serve the offline demo model.
     demo: bool = False
     #: A key to accept for the admin user (else one is generated on first start).
@@ -31,69 +94,121 @@ class Settings:
     #: Public base URL for result links when behind a proxy (else taken from the request).
     public_url: Optional[str] = None
     #: Seconds one request may run.
-    time_limit: float = 3600.0
+    time_limit: Annotated[Duration, Field(gt=0)] = 3600.0
     #: Seconds past the time limit before a worker that ignores the interrupt is killed.
-    kill_grace: float = 10.0
+    kill_grace: Duration = 10.0
     #: Results up to this size ride inline on the websocket; larger ones go by link.
-    inline_result_bytes: int = 1 * MiB
+    inline_result_bytes: Size = 1 * MiB
     #: Largest result kept (0: no limit).
-    max_result_bytes: int = 4096 * MiB
+    max_result_bytes: Size = 4096 * MiB
     #: Largest request body accepted.
-    max_request_bytes: int = 256 * MiB
-    #: Seconds a result stays downloadable.
-    result_retention: float = 24 * 3600.0
+    max_request_bytes: Size = 256 * MiB
+    #: Seconds a result (and the job's LOG lines) stays downloadable.
+    result_retention: Duration = 24 * 3600.0
     #: Threads torch may use in each worker (0: torch's default).
-    torch_threads: int = 0
-    #: Largest number of LOG lines forwarded from one job.
-    max_log_lines: int = 10_000
+    torch_threads: int = Field(0, ge=0)
+    #: Largest number of LOG lines kept and forwarded from one job.
+    max_log_lines: int = Field(10_000, ge=0)
+    #: Largest total size of the LOG lines kept and forwarded from one job.
+    max_log_bytes: Size = 1 * MiB
     #: Oldest nnsight client accepted.
     min_nnsight_version: str = "0.8.0"
     #: Serve weight files from the Hub mirror as well as configs and tokenizers.
     hub_serve_weights: bool = False
     #: Models from nnhost.toml's ``[[model]]`` tables (load options per model).
-    catalog: list[dict] = field(default_factory=list)
-    #: Memory HOT deployments may use per device, e.g. {"cpu": "16GiB", "cuda:0": "80GB"}.
-    #: A device not listed is unbounded; "cpu" defaults to 80% of this machine's memory.
-    memory_budget: dict = field(default_factory=dict)
+    catalog: Annotated[list[dict], BeforeValidator(_json)] = Field(default_factory=list)
+    #: Memory HOT deployments may use per device, e.g. {"cpu": "16GiB", "cuda:0": "80GB"},
+    #: held as bytes. A device not listed is unbounded; "cpu" defaults to 80% of this
+    #: machine's memory.
+    memory_budget: Annotated[dict[str, Size], BeforeValidator(_pairs)] = Field(default_factory=dict)
     #: Extra memory reserved per replica on top of its weights (activations, slack).
-    memory_margin: float = 0.25
+    memory_margin: float = Field(0.25, ge=0)
     #: Allow catalog models that need trust_remote_code.
     allow_trust_remote_code: bool = False
     #: Seconds a graceful shutdown (SIGTERM) waits for running jobs before requeueing them.
-    shutdown_grace: float = 30.0
+    shutdown_grace: Duration = 30.0
     #: "keys": every API call needs a key. "none": everyone is the local admin (loopback only).
-    auth: str = "keys"
+    auth: Literal["keys", "none"] = "keys"
     #: Allow ``auth = "none"`` on a non-loopback address.
     allow_insecure: bool = False
     #: Who may make an account on the web pages: "open", "invite" (a code from the CLI) or "closed".
-    signup: str = "open"
+    signup: Literal["open", "invite", "closed"] = "open"
     #: Seconds a web login lasts.
-    session_ttl: float = 14 * 24 * 3600.0
+    session_ttl: Duration = 14 * 24 * 3600.0
     #: Per-tag limits, from nnhost.toml's ``[limits.TAG]`` tables (see nnhost.auth.limits);
     #: as an environment variable, a JSON object.
-    limits: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    #: Failed API key (or password) attempts one client address may make per window.
-    auth_failure_limit: int = 30
+    limits: Annotated[dict[str, Any], BeforeValidator(_json)] = Field(default_factory=dict)
+    #: Failed API key (or password) attempts one client address may make per window
+    #: before its further failures are refused (a valid key still works).
+    auth_failure_limit: int = Field(30, ge=0)
     #: Seconds of that window.
-    auth_failure_window: float = 300.0
+    auth_failure_window: Duration = 300.0
+    #: Proxies whose X-Forwarded-For / X-Forwarded-Proto headers are believed
+    #: (addresses or networks, or "*"); none by default.
+    forwarded_allow_ips: Names = Field(default_factory=list)
     #: Contain user code (restricted unpickling, import allowlist, read-only weights,
     #: OS-level layers; see README "Security"). false only for trusted deployments.
     containment: bool = True
     #: Top-level modules user code may import (nnsight is always allowed).
-    allowed_imports: list[str] = field(
+    allowed_imports: Names = Field(
         default_factory=lambda: [
             "builtins", "math", "typing", "collections", "time",
             "torch", "numpy", "einops", "sympy", "nnterp",
         ]
     )
     #: Memory one job may use on top of the loaded worker (0: 8 GiB).
-    job_memory_bytes: int = 0
+    job_memory_bytes: Size = 0
     #: Size of the private scratch space (/tmp) of a contained worker.
-    scratch_bytes: int = 256 * MiB
+    scratch_bytes: Size = 256 * MiB
     #: Contained workers run as uid/gid worker_uid_base + their pid.
-    worker_uid_base: int = 200_000
+    worker_uid_base: int = Field(200_000, ge=1)
     #: More paths a contained worker must not see (the data dir and model cache always are).
-    hidden_paths: list[str] = field(default_factory=list)
+    hidden_paths: Names = Field(default_factory=list)
+
+    @field_validator("min_nnsight_version")
+    @classmethod
+    def _version(cls, value: str) -> str:
+        try:
+            Version(value)
+        except InvalidVersion:
+            raise ValueError(f"not a version; use one like 0.8.0 or 0.9.0rc1") from None
+        return value
+
+    @field_validator("catalog")
+    @classmethod
+    def _models(cls, tables: list[dict]) -> list[dict]:
+        from .deployments.catalog import ModelSpec
+
+        for table in tables:
+            if not isinstance(table, dict):
+                raise ValueError("each [[model]] must be a table with a repo_id")
+            ModelSpec.from_table(dict(table))  # raises, naming the table and the key
+        return tables
+
+    @field_validator("limits")
+    @classmethod
+    def _limits(cls, tables: dict) -> dict:
+        from .auth.limits import LimitPolicy
+
+        LimitPolicy(tables, max_request_bytes=1)  # raises LimitsConfigError, naming the entry
+        return tables
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return Path(value).expanduser().resolve()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Highest first: flags (the constructor's arguments), environment, TOML.
+        return (init_settings, env_settings, _TomlSource(settings_cls))
 
     @property
     def database_path(self) -> Path:
@@ -106,50 +221,157 @@ class Settings:
         return Path(explicit) if explicit else self.data_dir / "huggingface"
 
 
-def _coerce(kind: Any, value: Any) -> Any:
-    text = kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
-    if isinstance(value, str):
-        if "bool" in text:
-            return value.strip().lower() in ("1", "true", "yes", "on")
-        if "int" in text:
-            return int(value)
-        if "float" in text:
-            return float(value)
-        if "list" in text:
-            return [part for part in value.split(",") if part]
-        if "dict" in text:
-            pairs = (part.split("=", 1) for part in value.split(",") if "=" in part)
-            return {key.strip(): item.strip() for key, item in pairs}
-        if "Path" in text:
-            return Path(value)
-    if "Path" in text and value is not None:
-        return Path(value)
-    return value
+#: The TOML values `load_settings` read, for `_TomlSource` (empty outside it).
+_TOML_VALUES: contextvars.ContextVar[dict] = contextvars.ContextVar("nnhost_toml", default={})
 
 
-def load_settings(overrides: dict[str, Any], config_file: Optional[Path] = None) -> Settings:
-    """Build the settings from defaults < toml < environment < ``overrides`` (flags)."""
-    values: dict[str, Any] = {}
-    known = {f.name: f.type for f in fields(Settings)}
-    data_dir = overrides.get("data_dir") or os.environ.get("NNHOST_DATA_DIR") or Settings.data_dir
-    config_file = config_file or Path(data_dir) / "nnhost.toml"
-    if config_file.is_file():
-        with open(config_file, "rb") as file:
+class _TomlSource(PydanticBaseSettingsSource):
+    def get_field_value(self, field, field_name):  # pragma: no cover - __call__ is used
+        return _TOML_VALUES.get().get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_TOML_VALUES.get())
+
+
+class SettingsError(ValueError):
+    """The settings cannot be served; the message is for the operator, one problem a line."""
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """nnhost.toml as flat settings: top-level keys and ``[server]``, plus its tables."""
+    try:
+        with open(path, "rb") as file:
             table = tomllib.load(file)
-        for name, value in table.get("server", table).items():
-            if name in known:
-                values[name] = _coerce(known[name], value)
-        if "model" in table:
-            values["catalog"] = list(table["model"])
-        if "limits" in table:
-            values["limits"] = dict(table["limits"])
-    for name, kind in known.items():
-        env = os.environ.get(f"NNHOST_{name.upper()}")
-        if env is not None:
-            values[name] = _coerce(kind, env)
-    for name, value in overrides.items():
-        if value is not None and name in known:
-            values[name] = _coerce(known[name], value)
-    settings = Settings(**values)
-    settings.data_dir = Path(settings.data_dir).expanduser().resolve()
-    return settings
+    except tomllib.TOMLDecodeError as error:
+        raise SettingsError(f"{path} is not valid TOML: {error}") from None
+    except OSError as error:
+        raise SettingsError(f"cannot read the settings file {path}: {error.strerror}") from None
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        if key == "server":
+            if not isinstance(value, dict):
+                raise SettingsError(f"{path}: server must be a table ([server])")
+            values.update(value)
+        elif key == "model":
+            if not isinstance(value, list):
+                raise SettingsError(
+                    f"{path}: write each model as an array table, [[model]] (two brackets)"
+                )
+            values["catalog"] = value
+        else:
+            values[key] = value
+    return values
+
+
+def load_settings(overrides: Mapping[str, Any], config_file: Optional[Path] = None) -> Settings:
+    """Build the settings from defaults < toml < environment < ``overrides`` (flags).
+
+    Raises `SettingsError` naming every bad key and value; None in ``overrides``
+    means "flag not given".
+    """
+    flags = {name: value for name, value in overrides.items() if value is not None}
+    environ = {name.upper(): value for name, value in os.environ.items()}
+    problems = _unknown_environment(environ)
+    data_dir = flags.get("data_dir") or environ.get("NNHOST_DATA_DIR") or "./nnhost-data"
+    explicit = config_file is not None
+    config_file = Path(config_file) if explicit else Path(data_dir).expanduser() / "nnhost.toml"
+    toml: dict[str, Any] = {}
+    if explicit and not config_file.is_file():
+        problems.append(f"--config {config_file}: no such file")
+    elif config_file.is_file():
+        toml = read_toml(config_file)
+    if problems:
+        raise SettingsError("\n".join(problems))
+    token = _TOML_VALUES.set(toml)
+    try:
+        return Settings(**flags)
+    except ValidationError as error:
+        where = _Origins(flags, environ, toml, config_file)
+        raise SettingsError("\n".join(_describe(item, where) for item in error.errors())) from None
+    finally:
+        _TOML_VALUES.reset(token)
+
+
+def _unknown_environment(environ: Mapping[str, str]) -> list[str]:
+    known = {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields}
+    problems = []
+    for name in sorted(environ):
+        if not name.startswith(ENV_PREFIX) or name in known:
+            continue
+        if name.startswith(RESERVED_ENV_PREFIXES):
+            continue
+        guess = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {guess[0]}?" if guess else ""
+        problems.append(
+            f"environment variable {name}={environ[name]!r} is not a setting{hint} "
+            f"(NNHOST_ variables name settings: see the table in README's Configuration)"
+        )
+    return problems
+
+
+class _Origins:
+    """Where a setting's value came from, for the message."""
+
+    def __init__(self, flags, environ, toml, config_file) -> None:
+        self.flags, self.environ, self.toml, self.config_file = flags, environ, toml, config_file
+
+    def __call__(self, key: str) -> str:
+        if key in self.flags:
+            return f"--{key.replace('_', '-')}"
+        if f"{ENV_PREFIX}{key.upper()}" in self.environ:
+            return f"{ENV_PREFIX}{key.upper()}"
+        if key in self.toml or key == "catalog":
+            return str(self.config_file)
+        return "the default"
+
+
+_ACCEPTED = {
+    "bool_parsing": "true or false (also 1/0, yes/no, on/off)",
+    "bool_type": "true or false (also 1/0, yes/no, on/off)",
+    "int_parsing": "a whole number",
+    "int_type": "a whole number",
+    "int_from_float": "a whole number",
+    "float_parsing": "a number",
+    "float_type": "a number",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a table",
+}
+
+
+def _describe(error: dict, origin: _Origins) -> str:
+    location = [str(part) for part in error.get("loc", ())]
+    key = location[0] if location else "?"
+    name = ".".join(location) if location else "?"
+    value = error.get("input")
+    kind = error.get("type", "")
+    context = error.get("ctx") or {}
+    if kind == "extra_forbidden":
+        guess = difflib.get_close_matches(key, list(Settings.model_fields), n=1)
+        hint = f"did you mean {guess[0]!r}? " if guess else ""
+        return (
+            f"unknown setting {key!r} = {value!r} (in {origin(key)}); {hint}"
+            "the settings are listed in README's Configuration table"
+        )
+    if kind == "value_error":
+        reason = str(context.get("error") or error.get("msg", ""))
+        if "size" in reason and SIZE_HELP not in reason:
+            reason += f"; use {SIZE_HELP}"
+        if "duration" in reason and DURATION_HELP not in reason:
+            reason += f"; use {DURATION_HELP}"
+        accepted = reason
+    elif kind == "literal_error":
+        accepted = f"not accepted; use one of {context.get('expected')}"
+    elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        bound = {"greater_than": "more than", "greater_than_equal": "at least",
+                 "less_than": "less than", "less_than_equal": "at most"}[kind]
+        limit = next(iter(context.values()), "?")
+        accepted = f"out of range; use a value {bound} {limit}"
+    elif kind == "json_invalid" or isinstance(value, str) and kind.endswith("_type"):
+        accepted = f"not accepted: {error.get('msg')}"
+    else:
+        accepted = f"not accepted; use {_ACCEPTED.get(kind, error.get('msg', 'another value'))}"
+    if key in ("catalog", "limits"):
+        # The reason already names the table ([[model]] 'org/x', [limits.tag]).
+        return f"{accepted} (in {origin(key)})"
+    return f"setting {name} = {value!r} (from {origin(key)}): {accepted}"

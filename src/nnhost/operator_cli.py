@@ -39,7 +39,9 @@ def _call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> An
 
 
 def _gib(size: Any) -> str:
-    return "-" if not size else f"{size / (1 << 30):.2f}G"
+    from .units import format_size
+
+    return "-" if not size else format_size(size)
 
 
 def _status(args: argparse.Namespace) -> int:

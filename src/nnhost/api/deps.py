@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 from fastapi import HTTPException, Request, WebSocket
+from packaging.version import InvalidVersion, Version
 
 from ..auth.access import Throttled
 from ..auth.keys import KeyProblem, Principal
@@ -82,16 +83,16 @@ def admit(request: Request, principal: Principal) -> Limits:
         raise too_many(error)
 
 
-def _version_tuple(text: str) -> tuple[int, ...]:
-    parts = []
-    for piece in text.split("."):
-        digits = "".join(c for c in piece if c.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-        if len(digits) != len(piece):
-            break
-    return tuple(parts)
+def version_below(sent: str, minimum: str) -> bool:
+    """Whether the client's version is older than ``minimum``, by PEP 440 (``1.0rc1`` < ``1.0``).
+
+    A version that is not PEP 440 cannot be ordered; it is let through rather
+    than refused, as a client run from a source tree may send anything.
+    """
+    try:
+        return Version(sent) < Version(minimum)
+    except InvalidVersion:
+        return False
 
 
 def check_client_version(request: Request) -> None:
@@ -100,7 +101,7 @@ def check_client_version(request: Request) -> None:
     sent = request.headers.get("nnsight-version", "").strip()
     if not sent:
         return  # a client run from a source tree does not know its version
-    if _version_tuple(sent) < _version_tuple(minimum):
+    if version_below(sent, minimum):
         raise HTTPException(
             400,
             f"This server needs nnsight {minimum} or newer; your client is {sent}. "

@@ -2,8 +2,8 @@
 
 `Access` is what the API asks before it does anything for a caller: it checks
 the API key (or, with ``auth = "none"``, treats every caller as the local
-admin), counts unknown keys per client address and refuses an address that
-keeps guessing, and holds each user to the limits of their tags. It raises
+admin), counts unknown keys per client address and answers an address that
+keeps guessing with 429 (a valid key from it still works), and holds each user to the limits of their tags. It raises
 `Throttled` with the seconds to wait; the API turns that into a 429 with
 ``Retry-After``. It knows nothing of HTTP.
 """
@@ -109,19 +109,24 @@ class Access:
     # -- who -------------------------------------------------------------------
 
     def authenticate(self, key: Optional[str], address: str) -> KeyCheck:
-        """Check a key sent from ``address``; `Throttled` for an address that keeps failing."""
+        """Check a key sent from ``address``; `Throttled` for a failure from an address that keeps failing.
+
+        A valid key always works, whatever its address did before: keys are
+        random and long, so guessing cannot find one, and refusing the right
+        key would let anyone behind the same address (a NAT, a proxy) lock its
+        owner out. What the counter slows is further failures from that address.
+        """
         if self.open:
             return KeyCheck(principal=self.local_admin)
-        wait = self.key_failures.blocked_for(address)
-        if wait > 0:
-            # Even a right key is refused now: else guessing could go on, one hit telling.
-            raise Throttled(_failure_detail("API keys", wait), wait)
         check = self.keys.check(key)
         # Only unknown keys are guesses. A revoked or expired key is a real one someone
-        # forgot to replace; counting it would let one stale script lock out everyone
+        # forgot to replace; counting it would let one stale script throttle everyone
         # behind the same address.
         if check.problem is KeyProblem.UNKNOWN:
+            wait = self.key_failures.blocked_for(address)
             self.key_failures.record(address)
+            if wait > 0:
+                raise Throttled(_failure_detail("API keys", wait), wait)
         return check
 
     def identify(self, key: Optional[str]) -> Optional[Principal]:

@@ -2,8 +2,8 @@
 
 Who may sign up is the operator's choice (``signup = "open" | "invite" |
 "closed"``). A password is checked against its argon2 hash; a wrong one counts
-against the client's address, as does a wrong invite code, and an address
-over the limit is refused for a while (`Throttled`). A successful sign-up or
+against the client's address and that account, a wrong invite code against
+the address, and a source over the limit is refused for a while (`Throttled`). A successful sign-up or
 login starts a server-side session (see `sessions`). Every refusal here is a
 sentence the page can show as it is. Nothing here knows HTTP.
 """
@@ -99,12 +99,16 @@ class Accounts:
         return SignedIn(principal, self.sessions.create(user_id))
 
     def login(self, email: str, password: str, address: str) -> SignedIn:
-        self._check_address(address)
+        # Passwords can be guessed, so a source over the limit is refused before
+        # the check (else the right guess would tell). The source is this address
+        # *and* this account: guessing one account does not lock others out.
+        source = f"{address} {normalize_email(email)}"
+        self._check_address(source)
         record = self.keys.login_record(email)
         stored = record[1] if record else None
         # Always run the hash, so an unknown email takes as long as a wrong password.
         if not verify_password(stored, password) or record is None:
-            self.access.password_failures.record(address)
+            self.access.password_failures.record(source)
             raise AccountError("That email and password don't match an account here.")
         principal, stored, disabled = record
         if disabled:

@@ -12,7 +12,6 @@ import argparse
 import contextlib
 import datetime
 import getpass
-import re
 import sys
 import time
 from typing import Iterator, Optional, Sequence
@@ -20,10 +19,9 @@ from typing import Iterator, Optional, Sequence
 from .invites import InviteStore
 from .keys import LOCAL_ADMIN_EMAIL as ADMIN_EMAIL
 from .keys import KeyStore, UserExists, normalize_tags
+from ..units import parse_duration
 from .passwords import hash_password, password_problem
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.IGNORECASE)
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_expiry(text: Optional[str], now: Optional[float] = None) -> Optional[float]:
@@ -31,9 +29,12 @@ def parse_expiry(text: Optional[str], now: Optional[float] = None) -> Optional[f
     if not text or text.strip().lower() in ("never", "none"):
         return None
     now = time.time() if now is None else now
-    match = _DURATION.match(text)
-    if match:
-        return now + float(match.group(1)) * _SECONDS[match.group(2).lower()]
+    try:
+        # A bare number would be ambiguous here (seconds? a year?): a duration needs a unit.
+        if text.strip()[-1:].isalpha():
+            return now + parse_duration(text)
+    except ValueError:
+        pass
     try:
         moment = datetime.datetime.fromisoformat(text.strip())
     except ValueError:

@@ -18,8 +18,9 @@ user, whichever of their keys they use, so making more keys buys nothing.
 
 Requests per minute is a token bucket (``burst`` requests at once, refilled at
 the per-minute rate); a refusal tells how long until the next token. Failed
-key and password attempts are counted per client address in a sliding
-window; an address over the limit is refused until its oldest failure ages
+key and password attempts are counted per source (a client address; for
+passwords, an address and account) in a sliding window; a source over the
+limit has its further failures refused until its oldest counted failure ages
 out. Counters live in this process (one API process today; a shared store
 such as Redis could sit behind the same two classes).
 """
@@ -28,12 +29,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterable, Mapping, Optional
+
+from ..units import format_size, parse_size
 
 MiB = 1024 * 1024
 
@@ -62,31 +64,18 @@ BUILTIN: dict[str, dict[str, Any]] = {
     "admin": {"requests_per_minute": 0, "queued_jobs": 0},
 }
 
-_SIZE = re.compile(r"^\s*([\d.]+)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
-
-
 class LimitsConfigError(ValueError):
     """The operator's limits tables can't be read; the message says which entry."""
 
 
-def parse_size(value: Any) -> int:
-    """Bytes from 1048576, "1MiB", "512MB" or "2G"."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return int(value)
-    match = _SIZE.match(str(value))
-    if not match:
-        raise ValueError(f"not a size: {value!r}")
-    number, unit = float(match.group(1)), (match.group(2) or "").lower()
-    binary = "i" in unit
-    letter = unit.rstrip("b").rstrip("i")
-    factor = 1024 ** "kmgt".index(letter) * 1024 if (binary and letter) else _UNITS[letter]
-    return int(number * factor)
-
-
 def _number(tag: str, name: str, value: Any) -> float:
+    if name == "request_bytes":
+        try:
+            return float(parse_size(value))
+        except ValueError as error:
+            raise LimitsConfigError(f"[limits.{tag}] {name}: {error}") from None
     try:
-        number = parse_size(value) if name == "request_bytes" else float(value)
+        number = float(value)
     except (TypeError, ValueError):
         raise LimitsConfigError(f"[limits.{tag}] {name} = {value!r} is not a number") from None
     if number < 0:
@@ -191,6 +180,8 @@ class FailureCounter:
         self._lock = threading.Lock()
 
     def _recent(self, address: str, now: float) -> deque:
+        # Only the newest `limit` failures decide a block, so a source that keeps
+        # failing costs `limit` timestamps, not one per attempt.
         failures = self._failures.get(address)
         if failures is None:
             return deque()
@@ -217,7 +208,7 @@ class FailureCounter:
         now = self._clock()
         with self._lock:
             self._recent(address, now)
-            self._failures.setdefault(address, deque()).append(now)
+            self._failures.setdefault(address, deque(maxlen=self.limit)).append(now)
             if len(self._failures) > 10_000:
                 for other in list(self._failures):
                     self._recent(other, now)
@@ -239,14 +230,5 @@ def describe(limits: Limits) -> str:
     if limits.queued_jobs:
         plural = "" if limits.queued_jobs == 1 else "s"
         parts.append(f"{limits.queued_jobs} request{plural} waiting or running at once")
-    parts.append(f"requests of up to {format_bytes(limits.request_bytes)}")
+    parts.append(f"requests of up to {format_size(limits.request_bytes)}")
     return ", ".join(parts)
-
-
-def format_bytes(size: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:g} {unit}" if unit == "B" else f"{size:.3g} {unit}"
-        size /= 1024
-    return f"{size} B"
-

@@ -104,7 +104,10 @@ class ModelSpec:
                  "quantization"}
         unknown = set(table) - known
         if unknown:
-            raise ValueError(f"[[model]] {table.get('repo_id')!r}: unknown keys {sorted(unknown)}")
+            raise ValueError(
+                f"[[model]] {table.get('repo_id')!r}: unknown keys {sorted(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
         if "repo_id" not in table:
             raise ValueError("every [[model]] needs a repo_id")
         spec = cls(**table)

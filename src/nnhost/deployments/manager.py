@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ..execution.events import JobEvent, JobSpec
+from ..units import format_size
 from ..execution.worker import WorkerOptions
 from .catalog import Catalog, ModelKey, ModelSpec
 from .replica import LocalReplica
@@ -44,7 +45,7 @@ class CannotFit(RuntimeError):
 
 
 def _gib(size: int) -> str:
-    return f"{size / (1 << 30):.2f} GiB" if size >= 1 << 30 else f"{size / (1 << 20):.1f} MiB"
+    return format_size(size)
 
 
 @dataclass

@@ -135,18 +135,3 @@ def device_shares(
         shares[target] = shares.get(target, 0) + size
     return shares
 
-
-def parse_bytes(text: "str | int | float") -> int:
-    """``"8GiB"``, ``"512MB"``, ``"1.5G"`` or a number of bytes."""
-    if isinstance(text, (int, float)):
-        return int(text)
-    value = text.strip().upper().replace(" ", "")
-    units = {
-        "TIB": 1 << 40, "GIB": 1 << 30, "MIB": 1 << 20, "KIB": 1 << 10,
-        "TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3,
-        "T": 1 << 40, "G": 1 << 30, "M": 1 << 20, "K": 1 << 10, "B": 1,
-    }
-    for unit, factor in units.items():
-        if value.endswith(unit):
-            return int(float(value[: -len(unit)]) * factor)
-    return int(float(value))

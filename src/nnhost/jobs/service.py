@@ -3,7 +3,9 @@
 `JobService` is where the parts meet: a submitted job is written to the store
 (and its payload to disk) before anything is announced, queued fairly, handed
 to an idle replica of its deployment, and every event the replica reports is
-recorded and then pushed to the job's websocket session. It runs on the API's
+checked (a replica runs user code, so its events are untrusted: see
+`intake`), recorded and then pushed to the job's websocket session. A job no
+replica finishes in time is failed by `Upkeep.sweep_stuck`. It runs on the API's
 event loop only (the deployment manager hops replica callbacks onto it), so it
 needs no locks. It knows nothing of HTTP: the API layer turns its results and
 exceptions into responses.
@@ -24,11 +26,14 @@ from ..deployments.catalog import ModelKey
 from ..deployments.manager import CannotFit, DeploymentManager
 from ..execution.events import JobEvent, JobSpec
 from ..storage.results import BlobDir, LinkSigner
+from ..units import format_size
 from ..wire import Response
 from .events import EventBus
+from .intake import LogBudget, check_event, clean_text, event_job_id, runtime_of
 from .job import Job, Status
 from .scheduler import Scheduler
 from .store import JobStore
+from .upkeep import Upkeep
 
 log = logging.getLogger("nnhost.jobs")
 
@@ -49,7 +54,7 @@ class Submission:
     env: dict
 
 
-class JobService:
+class JobService(Upkeep):
     def __init__(
         self,
         settings: Settings,
@@ -74,6 +79,8 @@ class JobService:
         self._requeued: set[str] = set()
         #: What each waiting job was last told, so unchanged news is not re-sent.
         self._announced: dict[str, tuple] = {}
+        #: What each running job has printed so far, against the per-job caps.
+        self.log_budget = LogBudget(settings.max_log_lines, settings.max_log_bytes)
 
     # -- accepting -------------------------------------------------------------
 
@@ -220,32 +227,58 @@ class JobService:
     # -- replica events ----------------------------------------------------------
 
     def on_job_event(self, name: str, event: JobEvent) -> None:
-        if event.job_id in self._requeued:
+        """Record what a replica of ``name`` reports; a bad event is dropped and logged, never raised."""
+        try:
+            self._take_event(name, event)
+        except Exception:
+            log.exception("dropped an event from %s that could not be recorded", name)
+
+    def _take_event(self, name: str, event: JobEvent) -> None:
+        job_id = event_job_id(event)
+        if job_id is not None and job_id in self._requeued:
             return  # stopped by a graceful shutdown and already back in the queue
-        job = self.store.get(event.job_id)
-        if job is None or job.status.final:
+        job = self.store.get(job_id) if job_id is not None else None
+        problem = check_event(event, job, name)
+        if problem is not None:
+            log.warning("dropped an event from a replica of %s: %s", name, problem)
             return
         status = Status(event.status)
+        description = clean_text(event.description)
         if status is Status.LOG:
-            self.store.add_log(job.id, event.description)
-            self._publish(job, Status.LOG, event.description)
+            for line in self.log_budget.admit(job.id, description):
+                self.store.add_log(job.id, line)
+                self._publish(job, Status.LOG, line)
             return
         if status is Status.COMPLETED:
-            expires = time.time() + self.settings.result_retention
-            self._record(
-                job.id,
-                status,
-                event.description,
-                meta=event.meta,
-                result_size=event.result_size,
-                result_expires_at=expires,
-            )
-        else:
-            self._record(job.id, status, event.description, meta=event.meta)
+            # The size on disk, not the one reported: the report is the worker's word.
+            size = self.results.size(job.id)
+            limit = self.settings.max_result_bytes
+            if size is None:
+                status, description = Status.ERROR, (
+                    "The worker reported a result but none was written. Please resubmit "
+                    "your request."
+                )
+            elif limit and size > limit:
+                self.results.delete(job.id)
+                status, description = Status.ERROR, (
+                    f"Your request's result ({format_size(size)}) is larger than this server "
+                    f"keeps ({format_size(limit)}). Save less, or smaller values."
+                )
+            else:
+                self._record(
+                    job.id, status, description, meta=event.meta, result_size=size,
+                    result_expires_at=time.time() + self.settings.result_retention,
+                )
+        if status is not Status.COMPLETED:
+            self._record(job.id, status, description, meta=event.meta)
         if status.final:
-            self._announced.pop(job.id, None)
-            self.payloads.delete(job.id, "started")
-            self.scheduler.finished(name, job.id, (event.meta or {}).get("runtime"))
+            self._finished(name, job.id, runtime_of(event.meta))
+
+    def _finished(self, name: str, job_id: str, runtime: Optional[float]) -> None:
+        self._announced.pop(job_id, None)
+        self.log_budget.forget(job_id)
+        self.payloads.delete(job_id, "started")
+        self.scheduler.finished(name, job_id, runtime)
 
     def on_change(self, name: str) -> None:
         """A deployment changed state or a replica became idle: dispatch, re-announce."""
@@ -325,51 +358,3 @@ class JobService:
         base = (self.settings.public_url or base_url).rstrip("/")
         ttl = max(60.0, job.result_expires_at - time.time())
         return f"{base}/result/{job.id}?{self.signer.query(job.id, ttl)}"
-
-    # -- housekeeping --------------------------------------------------------------
-
-    def recover(self) -> None:
-        """After a restart: requeue what had not started, fail what may have run."""
-        waiting = (Status.RECEIVED, Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING)
-        for job in self.store.with_status(waiting + (Status.DISPATCHED, Status.RUNNING)):
-            name = job.deployment
-            started = self.payloads.marker(job.id, "started").exists()
-            if job.status is Status.RUNNING or started:
-                reason = "The server restarted while your request was running."
-            elif name not in self.deployments.deployments:
-                reason = f"The server restarted and no longer serves {name}."
-            elif not self.payloads.exists(job.id):
-                reason = "The server restarted and your request's payload was lost."
-            else:
-                if job.status is Status.DISPATCHED:
-                    self.store.transition(job.id, Status.QUEUED, "Requeued after a server restart.")
-                self.scheduler.enqueue(name, job.user_id, job.id)
-                continue
-            # Never run twice what may already have run: the user decides.
-            self.store.transition(job.id, Status.ERROR, f"{reason} Please resubmit it.")
-            self.payloads.delete(job.id, "started")
-
-    async def drain(self, grace: float) -> None:
-        """Graceful shutdown: stop dispatching, let running jobs finish, requeue the rest."""
-        self.draining = True
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(
-            d.busy for d in self.deployments.deployments.values()
-        ):
-            await asyncio.sleep(0.1)
-        for job in self.store.with_status((Status.DISPATCHED, Status.RUNNING)):
-            # Stopped before it could finish: it never completed, so it runs again
-            # after the restart (the started marker goes, so recovery requeues it).
-            self._requeued.add(job.id)
-            self.store.transition(
-                job.id, Status.QUEUED, "The server is restarting; your request will run again."
-            )
-            self.payloads.marker(job.id, "started").unlink(missing_ok=True)
-
-    def sweep_results(self, now: Optional[float] = None) -> int:
-        """Delete results past their retention; returns how many."""
-        expired = self.store.expired_results(now or time.time())
-        for job in expired:
-            self.results.delete(job.id)
-            self.store.forget_result(job.id)
-        return len(expired)

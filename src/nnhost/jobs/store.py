@@ -46,6 +46,7 @@ CREATE TABLE IF NOT EXISTS job_logs (
     line TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS job_logs_by_job ON job_logs (job_id);
+CREATE INDEX IF NOT EXISTS job_logs_by_time ON job_logs (at);
 """
 
 
@@ -195,6 +196,15 @@ class JobStore:
             self._db.execute(
                 "UPDATE jobs SET result_expires_at = NULL WHERE id = ?", (job_id,)
             )
+
+    def delete_logs(self, job_id: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM job_logs WHERE job_id = ?", (job_id,))
+
+    def delete_logs_before(self, at: float) -> int:
+        """Delete LOG lines written before ``at``; returns how many."""
+        with self._lock:
+            return self._db.execute("DELETE FROM job_logs WHERE at < ?", (at,)).rowcount
 
     def add_log(self, job_id: str, line: str) -> None:
         with self._lock:

@@ -50,14 +50,9 @@ def until(timestamp: Optional[float]) -> str:
 
 
 def size(value: Optional[int]) -> str:
-    if value is None:
-        return "—"
-    amount = float(value)
-    for unit in ("B", "KB", "MB", "GB"):
-        if amount < 1000 or unit == "GB":
-            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
-        amount /= 1000
-    return f"{value} B"
+    from ..units import format_size
+
+    return "—" if value is None else format_size(value)
 
 
 def environment() -> jinja2.Environment:

@@ -1,0 +1,146 @@
+"""What a replica says about a job, checked before it may touch the job.
+
+A replica's process runs user code, so everything that comes back from it is
+untrusted input, like a request body: a forged event may name another user's
+job, a job that is not running, a transition the lifecycle forbids, or carry
+a huge or ill-typed description or meta. `check_event` says what is wrong
+with an event (a sentence for the server's log) so the job service can drop
+it; `LogBudget` caps what one job's LOG lines may add to the database and to
+its client, in lines and in bytes, whatever the worker's own cap did.
+
+Nothing here raises on bad input, writes anything, or knows about HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..units import format_size
+from .job import InvalidTransition, Job, Status, check_transition
+
+#: Longest description (a LOG line, a status message, an ERROR's traceback) accepted.
+MAX_DESCRIPTION_CHARS = 256 * 1024
+#: Largest meta accepted, as JSON.
+MAX_META_BYTES = 16 * 1024
+#: What a worker may report: its own progress, never a place in the queue.
+WORKER_STATUSES = frozenset({Status.RUNNING, Status.COMPLETED, Status.ERROR, Status.LOG})
+#: Only a job handed to a replica can hear from one.
+LIVE_STATUSES = (Status.DISPATCHED, Status.RUNNING)
+_JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def event_job_id(event: Any) -> Optional[str]:
+    """The event's job id if it is one we could have issued, else None (never raises)."""
+    job_id = getattr(event, "job_id", None)
+    return job_id if isinstance(job_id, str) and _JOB_ID.match(job_id) else None
+
+
+def check_event(event: Any, job: Optional[Job], deployment: str) -> Optional[str]:
+    """Why ``event`` (from a replica of ``deployment``) must be dropped, or None if it may stand."""
+    job_id = event_job_id(event)
+    if job_id is None:
+        return f"no valid job id ({_short(getattr(event, 'job_id', None))})"
+    raw = getattr(event, "status", None)
+    try:
+        status = Status(raw)
+    except ValueError:
+        return f"job {job_id}: unknown status {_short(raw)}"
+    if status not in WORKER_STATUSES:
+        return f"job {job_id}: a worker may not report {status.value}"
+    if job is None:
+        return f"job {job_id} is not known"
+    if job.deployment != deployment:
+        return f"job {job_id} belongs to {job.deployment}, not {deployment}"
+    if job.status not in LIVE_STATUSES:
+        return f"job {job_id} is {job.status.value}, not running on a replica"
+    if status is not Status.LOG:
+        try:
+            check_transition(job.status, status)
+        except InvalidTransition as error:
+            return f"job {job_id}: {error}"
+    description = getattr(event, "description", "")
+    if not isinstance(description, str):
+        return f"job {job_id}: description is a {type(description).__name__}, not text"
+    if len(description) > MAX_DESCRIPTION_CHARS:
+        return f"job {job_id}: description of {len(description)} characters is too long"
+    meta = getattr(event, "meta", None)
+    if meta is not None:
+        if not isinstance(meta, dict):
+            return f"job {job_id}: meta is a {type(meta).__name__}, not a table"
+        try:
+            size = len(json.dumps(meta, allow_nan=False))
+        except (TypeError, ValueError, RecursionError):
+            return f"job {job_id}: meta is not plain JSON"
+        if size > MAX_META_BYTES:
+            return f"job {job_id}: meta of {format_size(size)} is too large"
+        if "runtime" in meta and runtime_of(meta) is None:
+            return f"job {job_id}: meta runtime {_short(meta['runtime'])} is not a duration"
+    result_size = getattr(event, "result_size", None)
+    if result_size is not None and (
+        isinstance(result_size, bool) or not isinstance(result_size, int) or result_size < 0
+    ):
+        return f"job {job_id}: result_size {_short(result_size)} is not a size"
+    return None
+
+
+def runtime_of(meta: Optional[dict]) -> Optional[float]:
+    """The runtime a final event reports, if it is a plausible number of seconds."""
+    value = (meta or {}).get("runtime")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+def clean_text(text: str) -> str:
+    """Text SQLite and JSON can hold: lone surrogates (which they cannot encode) replaced."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+@dataclass
+class _Spent:
+    lines: int = 0
+    bytes: int = 0
+    cut: bool = False
+
+
+class LogBudget:
+    """At most ``max_lines`` LOG lines and ``max_bytes`` of them per job; then one notice.
+
+    A line that would pass either cap is dropped, as is everything after it,
+    and the first drop yields one notice line, which is the job's last LOG line.
+    """
+
+    def __init__(self, max_lines: int, max_bytes: int) -> None:
+        self.max_lines = max_lines
+        self.max_bytes = max_bytes
+        self._spent: dict[str, _Spent] = {}
+
+    def admit(self, job_id: str, line: str) -> list[str]:
+        """The lines to keep and forward for ``line``: itself, nothing, or the notice."""
+        spent = self._spent.setdefault(job_id, _Spent())
+        if spent.cut:
+            return []
+        size = len(line.encode("utf-8"))
+        if spent.lines + 1 <= self.max_lines and spent.bytes + size <= self.max_bytes:
+            spent.lines += 1
+            spent.bytes += size
+            return [line]
+        spent.cut = True
+        return [
+            f"[nnhost] Output past this point was dropped: a request may print at most "
+            f"{self.max_lines} lines and {format_size(self.max_bytes)} "
+            f"(this one has printed {spent.lines} lines, {format_size(spent.bytes)}). "
+            "Save large values with .save() instead of printing them."
+        ]
+
+    def forget(self, job_id: str) -> None:
+        self._spent.pop(job_id, None)

@@ -1,0 +1,109 @@
+"""The job service's upkeep: after a restart, before a shutdown, and on a timer.
+
+Split from `service` so the lifecycle of one job reads on its own. `Upkeep`
+is a part of `JobService` (it uses the service's store, scheduler, blobs and
+deployments) and runs on the same event loop. It must never run a job twice:
+a job that may already have run is failed, not requeued, unless the server
+itself stopped it before it could finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Optional
+
+from ..units import format_duration
+from .intake import LIVE_STATUSES
+from .job import Status
+
+log = logging.getLogger("nnhost.jobs")
+
+#: Seconds past the time limit and kill grace before a silent job is failed.
+STUCK_MARGIN = 15.0
+
+
+class Upkeep:
+    def recover(self) -> None:
+        """After a restart: requeue what had not started, fail what may have run."""
+        waiting = (Status.RECEIVED, Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING)
+        for job in self.store.with_status(waiting + (Status.DISPATCHED, Status.RUNNING)):
+            name = job.deployment
+            started = self.payloads.marker(job.id, "started").exists()
+            if job.status is Status.RUNNING or started:
+                reason = "The server restarted while your request was running."
+            elif name not in self.deployments.deployments:
+                reason = f"The server restarted and no longer serves {name}."
+            elif not self.payloads.exists(job.id):
+                reason = "The server restarted and your request's payload was lost."
+            else:
+                if job.status is Status.DISPATCHED:
+                    self.store.transition(job.id, Status.QUEUED, "Requeued after a server restart.")
+                self.scheduler.enqueue(name, job.user_id, job.id)
+                continue
+            # Never run twice what may already have run: the user decides.
+            self.store.transition(job.id, Status.ERROR, f"{reason} Please resubmit it.")
+            self.payloads.delete(job.id, "started")
+
+    async def drain(self, grace: float) -> None:
+        """Graceful shutdown: stop dispatching, let running jobs finish, requeue the rest."""
+        self.draining = True
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(
+            d.busy for d in self.deployments.deployments.values()
+        ):
+            await asyncio.sleep(0.1)
+        for job in self.store.with_status((Status.DISPATCHED, Status.RUNNING)):
+            # Stopped before it could finish: it never completed, so it runs again
+            # after the restart (the started marker goes, so recovery requeues it).
+            self._requeued.add(job.id)
+            self.store.transition(
+                job.id, Status.QUEUED, "The server is restarting; your request will run again."
+            )
+            self.payloads.marker(job.id, "started").unlink(missing_ok=True)
+
+    def sweep_results(self, now: Optional[float] = None) -> int:
+        """Delete results and LOG lines past their retention; returns how many results."""
+        now = now or time.time()
+        expired = self.store.expired_results(now)
+        for job in expired:
+            self.results.delete(job.id)
+            self.store.forget_result(job.id)
+            self.store.delete_logs(job.id)  # a job's LOG lines go with its result
+        # A job that ended without a result keeps its lines as long as a result would
+        # stay. No line is written later than the time limit and grace before its
+        # job ends (sweep_stuck sees to that), so lines older than that plus the
+        # retention belong to jobs that ended at least a retention ago.
+        longest = self.settings.time_limit + self.settings.kill_grace + STUCK_MARGIN
+        self.store.delete_logs_before(now - self.settings.result_retention - longest)
+        return len(expired)
+
+    def sweep_stuck(self, now: Optional[float] = None) -> int:
+        """Fail jobs a replica holds past the time limit plus the kill grace; returns how many.
+
+        A worker that died without a word, hung, or lies about its job must
+        not leave the job DISPATCHED or RUNNING for ever: past its limit it is
+        failed with an ERROR that says so, and its replica is told to stop it.
+        """
+        now = time.time() if now is None else now
+        allowed = self.settings.time_limit + self.settings.kill_grace + STUCK_MARGIN
+        failed = 0
+        for job in self.store.with_status(LIVE_STATUSES):
+            if job.id in self._requeued or now - job.updated_at <= allowed:
+                continue
+            self._record(
+                job.id,
+                Status.ERROR,
+                f"Your request was stopped: it stayed {job.status.value} for "
+                f"{format_duration(now - job.updated_at)} without finishing, longer than this "
+                f"server's time limit ({format_duration(self.settings.time_limit)}) and kill "
+                "grace allow. Its worker may have hung or died. Please resubmit it.",
+            )
+            self._finished(job.deployment, job.id, None)
+            failed += 1
+            try:
+                self.deployments.cancel(job.deployment, job.id)
+            except Exception:
+                log.exception("could not stop stuck job %s on %s", job.id, job.deployment)
+        return failed

@@ -1,0 +1,193 @@
+"""Settings that are wrong stop `nnhost serve` with a message, never silently.
+
+Each bad setting runs the real ``nnhost serve`` as a subprocess and checks
+that it exits with status 2 before starting anything (no database is made),
+with a message naming the key, the value and what is accepted, and no Python
+traceback. Then the parts on their own: sizes, durations, precedence and
+version comparison.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nnhost.api.deps import version_below
+from nnhost.config import Settings, SettingsError, load_settings
+from nnhost.units import format_duration, format_size, parse_duration, parse_size
+
+TOML_CASES = [
+    # (what, nnhost.toml, words the message must contain)
+    ("a bad boolean", 'containment = "flase"\n',
+     ["containment", "'flase'", "true or false"]),
+    ("an unknown key", "contanment = false\n",
+     ["unknown setting 'contanment'", "did you mean 'containment'"]),
+    ("an unknown key under [server]", "[server]\nprot = 9000\n",
+     ["unknown setting 'prot'", "did you mean 'port'"]),
+    ("a port out of range", "port = 70000\n", ["port", "70000", "at most 65535"]),
+    ("a bad size", 'max_result_bytes = "4 gigs"\n',
+     ["max_result_bytes", "4 gigs", "KiB, MiB, GiB"]),
+    ("an ambiguous size", 'scratch_bytes = "256M"\n',
+     ["scratch_bytes", "256M", "256MB", "256MiB"]),
+    ("a bad memory budget", 'memory_budget = { cpu = "lots" }\n',
+     ["memory_budget.cpu", "'lots'", "GiB"]),
+    ("a bad duration", 'result_retention = "1 fortnight"\n',
+     ["result_retention", "1 fortnight", "24h"]),
+    ("a negative duration", "kill_grace = -1\n", ["kill_grace", "-1", "0 seconds or more"]),
+    ("a bad version", 'min_nnsight_version = "latest"\n',
+     ["min_nnsight_version", "'latest'", "0.8.0"]),
+    ("a bad choice", 'signup = "everyone"\n', ["signup", "'everyone'", "'open'", "'closed'"]),
+    ("a bad [[model]] key", '[[model]]\nrepo_id = "org/x"\ndevise = "cpu"\n',
+     ["[[model]]", "devise", "known:", "device"]),
+    ("[model] for [[model]]", '[model]\nrepo_id = "org/x"\n', ["[[model]]"]),
+    ("a bad limits table", "[limits.default]\nrpm = 3\n", ["limits", "rpm", "requests_per_minute"]),
+    ("not TOML", "port = = 1\n", ["not valid TOML"]),
+]
+
+ENV_CASES = [
+    ("a bad boolean", {"NNHOST_CONTAINMENT": "flase"},
+     ["containment", "'flase'", "NNHOST_CONTAINMENT", "true or false"]),
+    ("an unknown variable", {"NNHOST_CONTAINMNT": "false"},
+     ["NNHOST_CONTAINMNT", "not a setting", "did you mean NNHOST_CONTAINMENT"]),
+    ("a bad int", {"NNHOST_PORT": "eighty"}, ["port", "'eighty'", "NNHOST_PORT", "whole number"]),
+    ("a bad size", {"NNHOST_MAX_LOG_BYTES": "1 megabyte"}, ["max_log_bytes", "1 megabyte"]),
+]
+
+FLAG_CASES = [
+    ("a negative time limit", ["--time-limit", "-5"], ["time_limit", "-5", "--time-limit"]),
+    ("a zero time limit", ["--time-limit", "0"], ["time_limit", "more than 0"]),
+    ("an ambiguous memory budget", ["--memory-budget", "cpu=2G"],
+     ["memory_budget.cpu", "2G", "2GB", "2GiB"]),
+    ("a budget that is not DEVICE=SIZE", ["--memory-budget", "8GiB"], ["memory_budget", "key=value"]),
+    ("a missing --config", ["--config", "/nonexistent/nnhost.toml"], ["no such file"]),
+]
+
+
+def serve(tmp_path, args=(), env=None):
+    data_dir = tmp_path / "data"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("NNHOST_")}
+    clean["HF_HOME"] = str(tmp_path / "hf")
+    completed = subprocess.run(
+        [sys.executable, "-m", "nnhost.cli", "serve", "org/never-loaded",
+         "--data-dir", str(data_dir), *args],
+        capture_output=True, text=True, timeout=120, env={**clean, **(env or {})},
+    )
+    # It stopped before starting anything: no database, no key, no worker.
+    assert not (data_dir / "nnhost.sqlite3").exists()
+    return completed
+
+
+def check_refused(completed, words):
+    assert completed.returncode == 2, (completed.returncode, completed.stderr)
+    assert "Traceback" not in completed.stderr, completed.stderr
+    assert completed.stderr.startswith("nnhost serve: "), completed.stderr
+    for word in words:
+        assert word in completed.stderr, (word, completed.stderr)
+
+
+@pytest.mark.parametrize("what, toml, words", TOML_CASES, ids=[c[0] for c in TOML_CASES])
+def test_a_bad_setting_in_nnhost_toml_stops_serve(tmp_path, what, toml, words):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "nnhost.toml").write_text(toml)
+    completed = serve(tmp_path)
+    check_refused(completed, words)
+    if "TOML" not in words[0]:
+        assert "nnhost.toml" in completed.stderr  # where the value came from
+
+
+@pytest.mark.parametrize("what, env, words", ENV_CASES, ids=[c[0] for c in ENV_CASES])
+def test_a_bad_environment_variable_stops_serve(tmp_path, what, env, words):
+    check_refused(serve(tmp_path, env=env), words)
+
+
+@pytest.mark.parametrize("what, args, words", FLAG_CASES, ids=[c[0] for c in FLAG_CASES])
+def test_a_bad_flag_stops_serve(tmp_path, what, args, words):
+    check_refused(serve(tmp_path, args), words)
+
+
+def test_every_problem_is_named_at_once(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "nnhost.toml").write_text('containment = "flase"\nport = "x"\n')
+    completed = serve(tmp_path)
+    check_refused(completed, ["containment", "port"])
+    assert len(completed.stderr.strip().splitlines()) == 2
+
+
+# -- the parts on their own ---------------------------------------------------------------
+
+
+def test_si_and_iec_units_mean_what_they_say():
+    assert parse_size("2GB") == 2 * 10**9 and parse_size("2GiB") == 2 * 2**30
+    assert parse_size("2 kB") == parse_size("2KB") == 2000 and parse_size("2KiB") == 2048
+    assert parse_size("1.5MiB") == 1572864 and parse_size("1TB") == 10**12
+    assert parse_size(4096) == parse_size("4096") == parse_size("4096B") == 4096
+    assert parse_size("1e6") == 10**6
+    for bad in ("2G", "2m", "2 T", "lots", "-1", "", "1.2.3MB", "5XB", True, None, float("inf")):
+        with pytest.raises(ValueError):
+            parse_size(bad)
+    with pytest.raises(ValueError, match="2GB.*2GiB"):
+        parse_size("2G")
+
+
+def test_sizes_are_formatted_in_iec_units():
+    assert [format_size(n) for n in (0, 512, 1024, 1536, 10 * 2**20, 4 * 2**30, 2**40)] == [
+        "0 B", "512 B", "1 KiB", "1.5 KiB", "10 MiB", "4 GiB", "1 TiB"
+    ]
+    assert format_size(parse_size("256MiB")) == "256 MiB"
+    assert format_size(2**20 - 1) == "1 MiB"  # never "1024 KiB"
+
+
+def test_durations():
+    assert parse_duration(90) == parse_duration("90") == parse_duration("90s") == 90.0
+    assert parse_duration("30m") == 1800 and parse_duration("24h") == 86400
+    assert parse_duration("30d") == 30 * 86400 and parse_duration("2w") == 14 * 86400
+    assert parse_duration("250ms") == 0.25
+    for bad in ("soon", "-5", -5, "1 fortnight", "5y", True):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+    assert format_duration(5400) == "1.5 h" and format_duration(30) == "30 s"
+
+
+def test_precedence_defaults_toml_environment_flags(tmp_path, monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("NNHOST_"):
+            monkeypatch.delenv(name)
+    (tmp_path / "nnhost.toml").write_text(
+        'port = 9001\ntime_limit = "2h"\nsignup = "invite"\nmemory_budget = { cpu = "8GB" }\n'
+        '[server]\nmax_result_bytes = "2GiB"\n'
+    )
+    monkeypatch.setenv("NNHOST_PORT", "9002")
+    monkeypatch.setenv("NNHOST_TIME_LIMIT", "30m")
+    monkeypatch.setenv("NNHOST_MODELS", "org/a,org/b@v1")
+    settings = load_settings({"data_dir": str(tmp_path), "time_limit": "90"})
+    assert settings.port == 9002  # environment over TOML
+    assert settings.time_limit == 90.0  # flag over environment
+    assert settings.signup == "invite" and settings.max_result_bytes == 2 * 2**30  # TOML
+    assert settings.memory_budget == {"cpu": 8 * 10**9}
+    assert settings.models == ["org/a", "org/b@v1"]
+    assert settings.containment is True and settings.max_log_bytes == 2**20  # defaults
+    monkeypatch.setenv("NNHOST_TEST_ANYTHING", "reserved for tests")  # not a setting, allowed
+    monkeypatch.setenv("NNHOST_CONTAINMENT", "off")
+    assert load_settings({"data_dir": str(tmp_path)}).containment is False
+    monkeypatch.setenv("NNHOST_CONTAINMENT", "flase")
+    with pytest.raises(SettingsError, match="containment = 'flase'"):
+        load_settings({"data_dir": str(tmp_path)})
+
+
+def test_settings_keep_attribute_access():
+    settings = Settings(time_limit=5, max_log_bytes="64KiB")
+    assert settings.time_limit == 5.0 and settings.max_log_bytes == 65536
+    settings.allow_trust_remote_code = True
+    assert settings.allow_trust_remote_code is True
+    assert settings.database_path == settings.data_dir / "nnhost.sqlite3"
+
+
+def test_client_versions_are_compared_by_pep_440():
+    assert version_below("1.0rc1", "1.0")  # a release candidate comes before its release
+    assert not version_below("1.0", "1.0rc1")
+    assert version_below("0.8.0", "0.8.1") and not version_below("0.10.0", "0.9.0")
+    assert version_below("0.8.1.dev3", "0.8.1") and not version_below("0.8.1.post1", "0.8.1")
+    assert not version_below("not-a-version", "0.8.0")  # unordered: let through
