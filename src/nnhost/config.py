@@ -94,6 +94,9 @@ class Settings:
     worker_uid_base: int = 200_000
     #: More paths a contained worker must not see (the data dir and model cache always are).
     hidden_paths: list[str] = field(default_factory=list)
+    #: TESTS ONLY, never in production: a job's process runs raw, unrestricted Python
+    #: prefixed to a payload (the isolation tests play a user who beat the sandbox).
+    unsafe_test_hooks: bool = False
 
     @property
     def database_path(self) -> Path:

@@ -143,6 +143,7 @@ class DeploymentManager:
             torch_threads=self._torch_threads,
             environ=dict(self._environ),
             device=spec.device if level == HOT else "cpu",
+            home_device=spec.device,
         )
         return LocalReplica(
             name,

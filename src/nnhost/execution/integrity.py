@@ -441,3 +441,31 @@ def _layout(tensor: Any) -> tuple:
         tensor.storage_offset(),
         bool(tensor.requires_grad),
     )
+
+
+# --- what a job changed in its own process (fork-per-job: reported, never restored) --------
+
+
+def shared_state() -> dict:
+    """torch's process-wide settings and global hooks, cheaply (tens of microseconds).
+
+    With one process per job nothing needs restoring: this only lets the final
+    message tell the user what their request changed in its own process.
+    """
+    import torch
+    from torch.nn.modules import module as torch_module
+
+    state = {key: value for key, value in _process_state().items() if "random" not in key}
+    state["default device"] = str(torch.get_default_device())
+    state["torch function modes"] = torch._C._len_torch_function_stack()
+    for name in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_module_registration_hooks"):
+        registry = getattr(torch_module, name, None)
+        if registry is not None:
+            state[f"global module hooks ({name.strip('_')})"] = len(registry)
+    return state
+
+
+def shared_state_changes(before: dict) -> list[str]:
+    after = shared_state()
+    return [f"torch {key}" for key, value in before.items() if after.get(key) != value]
