@@ -99,6 +99,7 @@ class _Slot:
     started: float = 0.0
     kill_reason: Optional[str] = None
     exit_code: Optional[int] = None
+    out_of_memory: bool = False
     exited: threading.Event = field(default_factory=threading.Event)
 
 
@@ -311,8 +312,10 @@ class LocalReplica:
         if slot is None:
             return
         slot.exit_code = status if isinstance(status, int) else None
-        slot.exited.set()
         groups = self._groups
+        if groups is not None and not slot.reusable:
+            slot.out_of_memory = groups.ran_out_of_memory(slot.pid)
+        slot.exited.set()
         if groups is not None and not slot.reusable:
             threading.Thread(target=groups.remove, args=(slot.pid,), daemon=True).start()
 
@@ -504,7 +507,7 @@ class LocalReplica:
             if reason is None:
                 code = slot.exit_code
                 reason = f"Your request's process stopped ({_signal_name(code)})." + crash_hint(code)
-                if self._groups is not None and self._groups.ran_out_of_memory(slot.pid):
+                if slot.out_of_memory:
                     limit = self.policy.limits.memory_bytes or 8 << 30
                     reason = (
                         "Your request ran out of the memory this server allows one request "

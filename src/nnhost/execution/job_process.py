@@ -70,7 +70,12 @@ def live(
             os._exit(0)
         spec = receive_job(message, fds)
         if policy.test_hooks:
-            _run_test_hook(spec, channel, runner)
+            try:
+                _run_test_hook(spec, channel, runner)
+            except Exception:
+                channel.send({"type": "event", "job_id": spec.job_id, "status": "ERROR",
+                              "description": "test hook: " + traceback.format_exc()[-8000:]})
+                os._exit(0)
         run_one(spec, runner, channel)
     except BaseException:
         status = 3
@@ -161,6 +166,7 @@ def _run_test_hook(spec: JobSpec, channel: Channel, runner: Any) -> None:
     """
     with os.fdopen(os.dup(spec.payload_fd), "rb") as file:
         blob = file.read()
+    os.lseek(spec.payload_fd, 0, os.SEEK_SET)  # the dup shared the offset
     if not blob.startswith(TEST_MAGIC) or TEST_SEPARATOR not in blob:
         return
     source, _, rest = blob[len(TEST_MAGIC):].partition(TEST_SEPARATOR)
