@@ -91,6 +91,12 @@ def main() -> None:
         model = load_model(options)
         runner, guard, report = secure(model, policy, namespaces_problem, fork_mode=fork_mode)
         containment.update(report.to_dict())
+        if fork_mode:
+            from .worker import warm_up
+
+            problem = warm_up(model, runner)
+            if problem:
+                print(f"nnhost host {os.getpid()}: no warm-up ({problem[-300:]})", file=sys.stderr, flush=True)
     except BaseException:
         state({"state": "UNHEALTHY", "description": traceback.format_exc()})
         sys.exit(3)
@@ -101,6 +107,12 @@ def main() -> None:
         "weight_bytes": weight_bytes(model),
     })
     if fork_mode:
+        import gc
+
+        # Everything loaded so far is kept for good: a garbage collection in a
+        # job process would otherwise write to (and so copy) every page of it.
+        gc.collect()
+        gc.freeze()
         Forker(control, runner, policy, options).serve()
     else:
         serve_in_process(control, model, runner, guard)

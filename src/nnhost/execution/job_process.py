@@ -64,6 +64,11 @@ def live(
         # The host never starts torch's thread pool (a pool started before
         # fork would hang here); each job process starts its own.
         torch.set_num_threads(options.torch_threads if options.torch_threads > 0 else (os.cpu_count() or 1))
+        # While no job waits for us: touch what a job touches (the pages it
+        # would copy from the host, torch's thread pool), off the request's path.
+        from .worker import warm_up
+
+        warm_up(runner.model, runner)
         channel.send({"type": "ready", "containment": report.to_dict()})
         message, fds = channel.recv()
         if message is None:

@@ -148,3 +148,40 @@ def secure(model: Any, policy: Any, namespaces_problem: Optional[str], fork_mode
     report = contain(policy.limits, namespaces_problem, reserve_bytes=off_host, host_only=fork_mode)
     print(f"nnhost worker {os.getpid()}: {report.describe()}", file=sys.stderr, flush=True)
     return runner, guard, report
+
+
+def warm_up(model: Any, runner: Any) -> Optional[str]:
+    """Run one request of our own through the whole job path, in the host, before any fork.
+
+    Every job process starts as a copy of the host: whatever the host has
+    already done once (imports done lazily, nnsight's compiled tracing code,
+    torch's dispatch caches, the unpickler's and the serializer's first use)
+    each job process inherits done, instead of paying for it on every request.
+    It runs with one torch thread (see `host`). Returns why it failed, or None.
+    """
+    import os
+
+    from nnsight.schema.request import RequestModel
+
+    from .events import JobSpec
+
+    try:
+        captured: dict = {}
+
+        def capture(tracer: Any) -> None:
+            captured["blob"] = RequestModel.serialize(tracer, True)
+
+        with model.trace("Hello, world. The city of", backend=capture):
+            model.output.save()
+        payload = os.memfd_create("warm-up-payload", os.MFD_CLOEXEC)
+        result = os.memfd_create("warm-up-result", os.MFD_CLOEXEC)
+        os.write(payload, captured["blob"])
+        os.lseek(payload, 0, os.SEEK_SET)
+        events: list = []
+        runner.run(JobSpec("warm-up", "", True, payload_fd=payload, result_fd=result), events.append)
+        final = events[-1] if events else None
+        if final is None or final.status != "COMPLETED":
+            return final.description if final is not None else "no final event"
+        return None
+    except Exception as error:  # a model whose forward needs other inputs: no warm-up
+        return f"{type(error).__name__}: {error}"
