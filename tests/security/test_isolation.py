@@ -34,7 +34,7 @@ from conftest import API_KEY, TEST_REPO
 from nnhost.execution.job_process import TEST_MAGIC, TEST_SEPARATOR
 from nnhost.testing import ServerProcess
 
-from .helpers import MODEL_KEY, assert_serving, serialized_request, wait_final
+from .helpers import MODEL_KEY, assert_serving, serialized_request
 
 MiB = 1024 * 1024
 SECRET = "nnhost-iso-secret-" + secrets.token_hex(8)

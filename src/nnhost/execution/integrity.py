@@ -1,4 +1,9 @@
-"""Keeping the shared model as it was, from one request to the next.
+"""Keeping the shared model as it was, from one request to the next, where one process serves many.
+
+With a fresh process per job (a contained model on the CPU, see `host`) the
+guard is not used: nothing a job changes outlives its process, and
+`shared_state` only lets the final message say what it changed. The guard
+serves the processes that run many jobs: trusted mode and accelerators.
 
 Every request runs against the same loaded model, so whatever one request
 changes the next one would inherit: a weight zeroed in place, a parameter
