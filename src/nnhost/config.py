@@ -164,6 +164,9 @@ class Settings(BaseSettings):
     worker_uid_base: int = Field(200_000, ge=1)
     #: More paths a contained worker must not see (the data dir and model cache always are).
     hidden_paths: Names = Field(default_factory=list)
+    #: TESTS ONLY, never in production: a job's process runs raw, unrestricted Python
+    #: prefixed to a payload (the isolation tests play a user who beat the sandbox).
+    unsafe_test_hooks: bool = False
 
     @field_validator("min_nnsight_version")
     @classmethod

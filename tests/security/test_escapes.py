@@ -565,7 +565,7 @@ def test_no_connection_reaches_a_loopback_listener(serving, remote_model):
 
 
 def test_restored_changes_are_reported_to_the_user(serving, remote_model):
-    """A change that is undone rather than refused says so in the job's description."""
+    """A change to process-wide state says so in the job's description, and that it went nowhere."""
     import asyncio
 
     from nnsight.intervention.backends.remote import AsyncRemoteBackend
@@ -581,7 +581,7 @@ def test_restored_changes_are_reported_to_the_user(serving, remote_model):
     updates = asyncio.run(consume())
     completed = updates[-2]
     assert completed.status.value == "COMPLETED"
-    assert "the change was undone" in completed.description
+    assert "no other request sees the change" in completed.description
     assert "default dtype" in completed.description
 
 

@@ -157,6 +157,7 @@ class DeploymentManager:
             torch_threads=self._torch_threads,
             environ=dict(self._environ),
             device=self._placement(spec, level),
+            home_device=spec.device,
         )
         return LocalReplica(
             name,

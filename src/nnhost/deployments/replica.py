@@ -1,31 +1,52 @@
-"""A replica: one loaded copy of a model that runs jobs one at a time.
+"""A replica: one loaded copy of a model, and the processes that run its jobs.
 
 `Replica` is the seam the rest of nnhost programs against: ``start``,
 ``submit``, ``cancel``, ``stop``, ``health``, plus a stream of events delivered
-to the callback it was built with. `LocalReplica` implements it with a worker
-process on this machine; a Ray actor can implement the same seam for a cluster.
+to the callbacks it was built with. `LocalReplica` implements it on this
+machine with a host process (`execution.host`) that loads the model and never
+runs user code. In fork mode the host keeps one job process forked and
+contained ahead of time; `LocalReplica` hands each job to such a *slot* over
+the slot's own channel, together with the job's two open files, and the slot
+is killed when the job ends: no process runs a second job. (In trusted mode
+and on accelerators the host itself is one reusable slot.)
 
-`LocalReplica` also guards its worker: a job that outlives its time limit by a
-grace period (user code that swallowed the interrupt, or is stuck in native
-code) gets the process killed and restarted, and a worker that dies for any
-reason is noticed within a second, its job failed with the reason, and a new
-worker started. Callbacks run on the replica's own threads; the caller hops
-them onto its event loop.
+Everything a slot says is checked (`job_watch`): the replica forwards only
+the events of the job it gave that slot, in order, and fails the job with a
+clear ERROR, killing the slot, on anything else, on silence past the time
+limit plus the grace, and when the slot dies. Its stdout and stderr arrive on
+a pipe of their own and become that job's LOG lines. Each slot gets a memory
+and task cgroup (`execution.cgroups`) before its job. A host that dies fails
+the running job with the reason and is restarted.
+
+Callbacks run on the replica's own threads; the caller hops them onto its
+event loop. All processes are started from long-lived threads (a parent-death
+signal follows the thread that forked, not the process).
 """
 
 from __future__ import annotations
 
-import json
-import multiprocessing
-import signal
+import os
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional, Protocol
 
+from ..execution.cgroups import JobGroups
+from ..execution.channel import BadMessage, Channel, close_all, pair
 from ..execution.events import JobEvent, JobSpec
-from ..execution.handoff import discard_result, send_job
-from ..execution.worker import WorkerOptions, crash_hint, serve
+from ..execution.handoff import send_job
+from ..execution.job_process import describe_exit
+from ..execution.policy import WorkerPolicy
+from ..execution.worker import WorkerOptions, crash_hint
+from .job_watch import JobWatch, LogLines
+from .slots import JobProcesses, Slot
+
+
+#: Only these reach the host process's environment (it gets nothing else of the server's).
+HOST_ENVIRONMENT = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "HOME",
+                    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM")
 
 
 @dataclass
@@ -35,11 +56,10 @@ class ReplicaState:
     state: str  # NOT_STARTED, DEPLOYING, RUNNING, UNHEALTHY
     description: str = ""
     weight_bytes: Optional[int] = None
-    #: Which containment layers the worker runs under (see execution.containment).
+    #: Which containment layers the processes run under (see execution.containment).
     containment: Optional[dict] = None
 
 
-#: Callbacks: a job event, a state change, or "ready for the next job".
 OnJobEvent = Callable[[JobEvent], None]
 OnState = Callable[[ReplicaState], None]
 OnIdle = Callable[[], None]
@@ -56,18 +76,11 @@ class Replica(Protocol):
 
 
 def _signal_name(exitcode: Optional[int]) -> str:
-    if exitcode is None:
-        return "still running"
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit code {exitcode}"
+    return describe_exit(exitcode)
 
 
-class LocalReplica:
-    """A replica backed by a worker process on this machine."""
+class LocalReplica(JobProcesses):
+    """A replica backed by a host process and its job processes on this machine."""
 
     def __init__(
         self,
@@ -87,190 +100,290 @@ class LocalReplica:
         self._on_idle = on_idle
         self._kill_grace = kill_grace
         self._restart_delay = restart_delay
-        self._context = multiprocessing.get_context("spawn")
+        self.policy = WorkerPolicy.from_environ(dict(options.environ))
         self._lock = threading.RLock()
-        self._process: Optional[Any] = None
-        self._connection: Optional[Any] = None
+        self._host: Optional[subprocess.Popen] = None
+        self._control: Optional[Channel] = None
         self._state = ReplicaState("NOT_STARTED", "Not started.")
-        self._job: Optional[JobSpec] = None
-        self._job_started = 0.0
+        self._host_containment: Optional[dict] = None
+        self._slots: dict[int, Slot] = {}
+        self._spare: Optional[Slot] = None
+        self._current: Optional[Slot] = None
         self._kill_reason: Optional[str] = None
         self._stopping = False
         self._generation = 0
+        self._restart_at: Optional[float] = None
+        self._early_deaths = 0
+        self._groups: Optional[JobGroups] = None
         self._watchdog: Optional[threading.Thread] = None
 
     # -- the Replica seam ------------------------------------------------------
 
     @property
     def busy(self) -> bool:
-        return self._job is not None
+        return self._current is not None or self._spare is None
 
     def health(self) -> ReplicaState:
         return self._state
 
     @property
     def pid(self) -> Optional[int]:
-        process = self._process
-        return process.pid if process is not None and process.is_alive() else None
+        host = self._host
+        return host.pid if host is not None and host.poll() is None else None
 
     def place(self, device: str) -> None:
         """Move the weights (HOT on the model's device, WARM in host memory)."""
         with self._lock:
             self.options.device = device
-            if self._connection is not None and self._state.state == "RUNNING":
-                self._connection.send(("place", device))
+            if self._control is not None and self._state.state == "RUNNING":
+                self._send_control({"type": "place", "device": device})
 
     def start(self) -> None:
         with self._lock:
             self._stopping = False
+            if self._groups is None and self.policy.containment and self.options.home_device == "cpu":
+                self._groups = JobGroups(self.name)
             self._spawn()
         if self._watchdog is None:
-            self._watchdog = threading.Thread(
-                target=self._watch, name=f"watchdog-{self.name}", daemon=True
-            )
+            self._watchdog = threading.Thread(target=self._watch, name=f"watchdog-{self.name}", daemon=True)
             self._watchdog.start()
 
     def submit(self, spec: JobSpec) -> None:
         with self._lock:
-            if self._job is not None:
-                raise RuntimeError(f"replica {self.name} is busy with {self._job.job_id}")
-            if self._state.state != "RUNNING" or self._connection is None:
+            if self._current is not None:
+                raise RuntimeError(f"replica {self.name} is busy with {self._current.job.job_id}")
+            slot = self._spare
+            if self._state.state != "RUNNING" or slot is None:
                 raise RuntimeError(f"replica {self.name} is not ready ({self._state.state})")
-            self._job = spec
-            self._job_started = time.monotonic()
-            # The job's payload and result travel as open files: a contained
-            # worker cannot see the data directory (see execution.handoff).
-            send_job(self._connection, spec)
+            self._spare = None
+            slot.job, slot.watch = spec, JobWatch(spec)
+            slot.lines = LogLines(spec.max_log_lines)
+            slot.started = time.monotonic()
+            self._current = slot
+            try:
+                # The job's files travel as open descriptors: a contained
+                # process cannot see the data directory (execution.handoff).
+                send_job(slot.channel, spec)
+            except OSError as error:
+                # The slot died just now, or the job's files are not there:
+                # either way its reader fails the job, with this reason.
+                self._kill_slot(slot, f"The server could not hand your request to its process ({error}).")
+            if not slot.reusable:
+                self._request_fork()
 
     def cancel(self, job_id: str) -> bool:
-        """Stop a running job by restarting the worker (the only sure interrupt)."""
         with self._lock:
-            if self._job is None or self._job.job_id != job_id:
+            slot = self._current
+            if slot is None or slot.job is None or slot.job.job_id != job_id:
                 return False
-            self._kill("Your request was cancelled while it was running.")
+            self._kill_slot(slot, "Your request was cancelled while it was running.")
             return True
 
     def stop(self) -> None:
         with self._lock:
             self._stopping = True
-            process, connection = self._process, self._connection
-            if connection is not None:
-                try:
-                    connection.send(("stop", None))
-                except (OSError, EOFError, BrokenPipeError):
-                    pass
-        if process is not None:
-            process.join(timeout=5)
-            if process.is_alive():
-                process.kill()
-                process.join(timeout=5)
+            self._restart_at = None
+            host = self._host
+            self._send_control({"type": "stop"})
+        if host is not None:
+            try:
+                host.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                host.kill()
+                host.wait(timeout=5)
+        if self._groups is not None:
+            self._groups.close()
+            self._groups = None
         self._set_state(ReplicaState("NOT_STARTED", "Stopped."))
 
-    # -- the worker process ------------------------------------------------------
+    # -- the host process -------------------------------------------------------
 
     def _spawn(self) -> None:
-        parent, child = self._context.Pipe(duplex=True)
-        process = self._context.Process(
-            target=serve,
-            args=(child, json.dumps(asdict(self.options))),
-            name=f"nnhost-worker-{self.name}",
-            daemon=True,
+        ours, theirs = pair()
+        env = {key: os.environ[key] for key in HOST_ENVIRONMENT if key in os.environ}
+        # A clean exec: the host's argv and environment never held the server's
+        # (no --api-key, no NNHOST_* secrets); the model's settings come over the channel.
+        host = subprocess.Popen(
+            [sys.executable, "-m", "nnhost.execution.host", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL, close_fds=True,
         )
-        process.start()
-        child.close()
+        theirs.close()
+        control = Channel(ours)
+        control.send({"type": "options", "options": asdict(self.options)})
         self._generation += 1
-        self._process, self._connection = process, parent
+        self._host, self._control = host, control
         self._kill_reason = None
+        self._host_containment = None
         self._set_state(ReplicaState("DEPLOYING", "Starting the worker process."))
         threading.Thread(
-            target=self._read,
-            args=(parent, process, self._generation),
-            name=f"reader-{self.name}",
-            daemon=True,
+            target=self._read_control, args=(control, host, self._generation),
+            name=f"host-{self.name}", daemon=True,
         ).start()
 
-    def _read(self, connection: Any, process: Any, generation: int) -> None:
+    def _send_control(self, message: dict) -> None:
+        if self._control is None:
+            return
+        try:
+            self._control.send(message)
+        except OSError:
+            pass
+
+    def _request_fork(self) -> None:
+        self._send_control({"type": "fork", "memory_cgroup": bool(self._groups and self._groups.available)})
+
+    def _read_control(self, control: Channel, host: subprocess.Popen, generation: int) -> None:
+        asked_first = False
         while True:
             try:
-                kind, payload = connection.recv()
-            except (EOFError, OSError):
+                message, fds = control.recv()
+            except (OSError, BadMessage):
+                message, fds = None, []
+            if message is None:
                 break
-            if kind == "event":
-                event = JobEvent.from_dict(payload)
-                if event.status in ("COMPLETED", "ERROR"):
+            kind = message.get("type")
+            if kind == "state":
+                fields = {k: message.get(k) for k in ("state", "description", "weight_bytes", "containment")}
+                if fields["containment"]:
+                    self._host_containment = fields["containment"]
+                fields["containment"] = self._containment()
+                self._set_state(ReplicaState(**{k: v for k, v in fields.items() if v is not None}))
+                if fields["state"] == "RUNNING" and not asked_first:
+                    asked_first = True
                     with self._lock:
-                        job = self._job
-                        finished = job is not None and job.job_id == event.job_id
-                    if not finished:
-                        continue
-                    if event.status == "ERROR":
-                        discard_result(job)
-                self._on_job_event(event)
-            elif kind == "idle":
-                with self._lock:
-                    if self._job is not None and self._job.job_id == payload:
-                        self._job = None
-                self._on_idle()
-            elif kind == "state":
-                self._set_state(ReplicaState(**payload))
-        process.join(timeout=10)
-        self._worker_died(process, generation)
+                        self._request_fork()
+            elif kind == "slot" and fds:
+                self._add_slot(message, fds, generation)
+            elif kind == "exit":
+                self._slot_exited(message.get("pid"), message.get("status"))
+            else:
+                close_all(fds)
+        try:
+            host.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            host.kill()
+            host.wait()
+        self._host_died(host, generation)
 
-    def _worker_died(self, process: Any, generation: int) -> None:
+    def _add_slot(self, message: dict, fds: list, generation: int) -> None:
+        pid = message.get("pid")
+        slot = Slot(int(pid), Channel(_socket(fds[0])), fds[1] if len(fds) > 1 else -1,
+                     reusable=bool(message.get("reusable")), generation=generation)
+        close_all(fds[2:])
+        with self._lock:
+            self._slots[slot.pid] = slot
+            if self._groups is not None and self._groups.available and not slot.reusable:
+                limits = self.policy.limits
+                memory = (limits.memory_bytes or 8 << 30) + limits.scratch_bytes
+                try:
+                    self._groups.attach(slot.pid, memory, limits.extra_tasks + 64)
+                except OSError as error:
+                    self._groups.problem = f"cannot use a cgroup: {error.strerror or error}"
+                    self._kill_slot(slot, None)
+                    self._request_fork()  # the next one falls back to RLIMIT_AS
+        threading.Thread(target=self._read_slot, args=(slot,), name=f"job-{self.name}", daemon=True).start()
+
+    def _slot_exited(self, pid: Any, status: Any) -> None:
+        with self._lock:
+            slot = self._slots.pop(pid, None) if isinstance(pid, int) else None
+        if slot is None:
+            return
+        slot.exit_code = status if isinstance(status, int) else None
+        groups = self._groups
+        if groups is not None and not slot.reusable:
+            slot.out_of_memory = groups.ran_out_of_memory(slot.pid)
+        slot.exited.set()
+        if groups is not None and not slot.reusable:
+            threading.Thread(target=groups.remove, args=(slot.pid,), daemon=True).start()
+
+    def _host_died(self, host: subprocess.Popen, generation: int) -> None:
         with self._lock:
             if generation != self._generation:
                 return
-            job, self._job = self._job, None
+            slots = [s for s in self._slots.values() if s.generation == generation]
+            self._slots = {p: s for p, s in self._slots.items() if s.generation != generation}
+            self._spare = None
             reason = self._kill_reason or (
-                f"The worker process stopped ({_signal_name(process.exitcode)})."
-                + crash_hint(process.exitcode)
+                f"The worker process stopped ({_signal_name(host.returncode)})." + crash_hint(host.returncode)
             )
+            current, self._current = self._current, None
             stopping = self._stopping
             unhealthy_at_load = self._state.state == "UNHEALTHY"
-        if job is not None:
-            discard_result(job)
-            self._on_job_event(
-                JobEvent(
-                    job.job_id,
-                    "ERROR",
-                    f"{reason} The model's worker was restarted; you can resubmit "
-                    "your request.",
-                    meta={"runtime": round(time.monotonic() - self._job_started, 6)},
-                )
-            )
-        if stopping:
+            for slot in slots:
+                slot.kill_reason = slot.kill_reason or reason
+                slot.exited.set()
+        if current is not None and current.job is not None and not current.watch.finished:
+            current.watch.finished = True
+            self._fail(current, f"{reason} The model's worker was restarted; you can resubmit your request.")
+        if stopping or unhealthy_at_load:
             return
-        if unhealthy_at_load:
-            return  # the model cannot load; restarting would only fail again
         self._set_state(ReplicaState("DEPLOYING", f"{reason} Restarting the worker."))
-        time.sleep(self._restart_delay)
         with self._lock:
-            if not self._stopping and generation == self._generation:
-                self._spawn()
-        if job is not None:
+            self._restart_at = time.monotonic() + self._restart_delay
+        if current is not None:
             self._on_idle()
 
-    def _kill(self, reason: str) -> None:
-        self._kill_reason = reason
-        if self._process is not None and self._process.is_alive():
-            self._process.kill()
+    # -- time limits and restarts ---------------------------------------------------
 
     def _watch(self) -> None:
-        """Kill a worker whose job overran its time limit by more than the grace."""
-        while not self._stopping:
+        """Kill a job that overran its time limit by more than the grace; restart a dead host."""
+        while True:
             time.sleep(0.25)
             with self._lock:
-                job = self._job
-                if job is None or job.time_limit <= 0 or self._kill_reason:
+                if self._restart_at is not None and time.monotonic() >= self._restart_at:
+                    self._restart_at = None
+                    if not self._stopping:
+                        self._spawn()
+                slot = self._current
+                if slot is None or slot.job is None or slot.kill_reason:
                     continue
-                overrun = time.monotonic() - self._job_started - job.time_limit
-                if overrun > self._kill_grace:
-                    self._kill(
+                job = slot.job
+                if job.time_limit <= 0:
+                    continue
+                if time.monotonic() - slot.started - job.time_limit > self._kill_grace:
+                    self._kill_slot(slot, (
                         f"Your request exceeded this server's time limit of "
                         f"{job.time_limit:g} seconds and did not stop when interrupted, "
                         "so its worker process was killed."
-                    )
+                    ))
+
+    def _containment(self, slot: Optional[Slot] = None) -> Optional[dict]:
+        """The layers every job runs under: the host's, a job process's own, the cgroup."""
+        host = self._host_containment
+        if host is None:
+            return None
+        report = {"enabled": host.get("enabled", True), "active": list(host.get("active", [])),
+                  "unavailable": dict(host.get("unavailable", {}))}
+        job = slot.containment if slot is not None else self._state.containment
+        if self._groups is None:
+            report["mode"] = "one process for every job"
+            return report
+        report["mode"] = "a fresh process per job"
+        if job:
+            for name in job.get("active", []):
+                if name not in report["active"]:
+                    report["active"].append(name)
+                report["unavailable"].pop(name, None)
+            for name, why in job.get("unavailable", {}).items():
+                if name not in report["active"]:
+                    report["unavailable"][name] = why
+        if self._groups.available:
+            report["active"].append("memory cgroup") if "memory cgroup" not in report["active"] else None
+        else:
+            report["unavailable"]["memory cgroup"] = f"{self._groups.problem}; RLIMIT_AS instead"
+        return report
+
+    def _show_containment(self, slot: Slot) -> None:
+        self._set_state(ReplicaState(**{**asdict(self._state), "containment": self._containment(slot)}))
+
+    def _unhealthy(self, description: str) -> None:
+        self._set_state(ReplicaState("UNHEALTHY", description, containment=self._containment()))
 
     def _set_state(self, state: ReplicaState) -> None:
         self._state = state
         self._on_state(state)
+
+
+def _socket(fd: int) -> Any:
+    import socket
+
+    return socket.socket(fileno=fd)

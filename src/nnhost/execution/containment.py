@@ -183,7 +183,12 @@ def _flags_of(point: str) -> int:
     return flags
 
 
-def _contain_filesystem(policy: ContainmentPolicy, uid: int, gid: int) -> None:
+def mount_scratch(policy: ContainmentPolicy, uid: int, gid: int) -> None:
+    """A fresh, empty ``/tmp`` (and ``/dev/shm``, ``/var/tmp``) owned by ``uid``.
+
+    Done once for the replica's process and again in each job's own mount
+    namespace, so that nothing one job leaves in ``/tmp`` is there for the next.
+    """
     scratch = ("/tmp", "/dev/shm", "/var/tmp")
     options = f"mode=0700,uid={uid},gid={gid}"
     # Python itself may live under /tmp (a checkout there, and its venv): hold
@@ -212,6 +217,11 @@ def _contain_filesystem(policy: ContainmentPolicy, uid: int, gid: int) -> None:
                 file.write(text)
             os.chmod(stand_in, 0o644)
             _mount(stand_in, path, None, MS_BIND)
+
+
+def _contain_filesystem(policy: ContainmentPolicy, uid: int, gid: int) -> None:
+    scratch = ("/tmp", "/dev/shm", "/var/tmp")
+    mount_scratch(policy, uid, gid)
     hidden = dict.fromkeys(os.path.realpath(p) for p in list(policy.hide) + list(DEFAULT_HIDDEN) if p)
     for real in sorted(hidden, key=len):
         if real in ("/", "/tmp") or real.startswith("/tmp/") or not os.path.lexists(real):
@@ -360,12 +370,18 @@ def _drop_identity(uid: int, gid: int) -> None:
 
 
 def contain(
-    policy: ContainmentPolicy, namespaces_problem: Optional[str], reserve_bytes: int = 0
+    policy: ContainmentPolicy,
+    namespaces_problem: Optional[str],
+    reserve_bytes: int = 0,
+    host_only: bool = False,
 ) -> ContainmentReport:
     """Apply every layer this machine permits; report which are active and why not the rest.
 
     ``reserve_bytes``: host memory to allow on top of a job's budget (weights
     held on an accelerator now, which may move to host memory later).
+    ``host_only``: the process that forks one process per job (see `host`)
+    keeps root and has no limits of its own; each job's process gets its
+    identity, limits and the rest (see `job_layers`).
     """
     report = ContainmentReport(enabled=policy.enabled)
     if not policy.enabled:
@@ -390,6 +406,8 @@ def contain(
     layer("network", lambda: _unshare(CLONE_NEWNET, "network namespace"), needs_root=True)
     layer("environment", _wipe_environment)
     layer("memory", lambda: _check(0 if _c().mallopt(M_PERTURB, 0xA5) == 1 else 1, "mallopt"))
+    if host_only:
+        return report
     layer("limits", lambda: _apply_limits(policy, reserve_bytes))
     layer("identity", lambda: _drop_identity(uid, gid), needs_root=True)
     return report

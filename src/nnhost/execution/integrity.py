@@ -1,4 +1,9 @@
-"""Keeping the shared model as it was, from one request to the next.
+"""Keeping the shared model as it was, from one request to the next, where one process serves many.
+
+With a fresh process per job (a contained model on the CPU, see `host`) the
+guard is not used: nothing a job changes outlives its process, and
+`shared_state` only lets the final message say what it changed. The guard
+serves the processes that run many jobs: trusted mode and accelerators.
 
 Every request runs against the same loaded model, so whatever one request
 changes the next one would inherit: a weight zeroed in place, a parameter
@@ -476,3 +481,31 @@ def _layout(tensor: Any) -> tuple:
         tensor.storage_offset(),
         bool(tensor.requires_grad),
     )
+
+
+# --- what a job changed in its own process (fork-per-job: reported, never restored) --------
+
+
+def shared_state() -> dict:
+    """torch's process-wide settings and global hooks, cheaply (tens of microseconds).
+
+    With one process per job nothing needs restoring: this only lets the final
+    message tell the user what their request changed in its own process.
+    """
+    import torch
+    from torch.nn.modules import module as torch_module
+
+    state = {key: value for key, value in _process_state().items() if "random" not in key}
+    state["default device"] = str(torch.get_default_device())
+    state["torch function modes"] = torch._C._len_torch_function_stack()
+    for name in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_module_registration_hooks"):
+        registry = getattr(torch_module, name, None)
+        if registry is not None:
+            state[f"global module hooks ({name.strip('_')})"] = len(registry)
+    return state
+
+
+def shared_state_changes(before: dict) -> list[str]:
+    after = shared_state()
+    return [f"torch {key}" for key, value in before.items() if after.get(key) != value]

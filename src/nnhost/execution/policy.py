@@ -25,6 +25,9 @@ class WorkerPolicy:
     containment: bool = True
     allowed_imports: list = field(default_factory=lambda: list(DEFAULT_ALLOWED_IMPORTS))
     limits: ContainmentPolicy = field(default_factory=ContainmentPolicy)
+    #: Tests only: a job process runs a payload's raw Python prefix unrestricted
+    #: (see `job_process._run_test_hook`). Set by the operator, never by a request.
+    test_hooks: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.limits, dict):
@@ -67,6 +70,7 @@ def policy_from_settings(settings: Any) -> WorkerPolicy:
         containment=bool(getattr(settings, "containment", True)),
         allowed_imports=list(getattr(settings, "allowed_imports", None) or DEFAULT_ALLOWED_IMPORTS),
         limits=limits,
+        test_hooks=bool(getattr(settings, "unsafe_test_hooks", False)),
     )
 
 

@@ -1,26 +1,16 @@
-"""The replica process: load one model once, then run jobs one at a time.
+"""Loading a replica's model and making it safe to serve (used by `host`).
 
-This is the process that runs untrusted user code, so it is kept apart from the
-API process: it talks to its parent over one duplex pipe and nothing else. It
-receives ``("run", JobSpec)`` and ``("stop", None)`` and answers with
-``("state", ...)``, ``("event", JobEvent)`` and ``("idle", job_id)``.
-
-It knows nothing of HTTP or the database, and never decides anything about
-scheduling: it loads, runs what it is given, and reports.
+The host process (`host`) calls `load_model` and `secure` once; nothing here
+runs user code. It knows nothing of HTTP or the database.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .events import JobEvent, JobSpec
-from .handoff import receive_files
 
 
 @dataclass
@@ -34,6 +24,8 @@ class WorkerOptions:
     environ: dict = field(default_factory=dict)
     #: Where the weights live once loaded: the model's device when HOT, "cpu" when WARM.
     device: str = "cpu"
+    #: The model's device when HOT: a contained CPU model gets a fresh process per job.
+    home_device: str = "cpu"
 
 
 def load_model(options: WorkerOptions) -> Any:
@@ -105,111 +97,19 @@ def die_with_parent() -> None:
         sys.exit(0)  # the parent died before we could ask
 
 
-def serve(connection: Any, options_json: str) -> None:
-    """Entry point of the replica process (spawned by `LocalReplica`)."""
-    options = WorkerOptions(**json.loads(options_json))
-    die_with_parent()
-    # A terminal's Ctrl-C or a service manager's SIGTERM reaches the whole
-    # process group; the API process decides when its workers stop (after
-    # letting running jobs finish), so the workers do not act on them.
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    os.environ.update(options.environ)
-    from .policy import pop_policy
-
-    policy = pop_policy()
-    # First, while this process still has one thread: its own mount namespace
-    # (nothing changes in it until the model is loaded; see `containment`).
-    namespaces_problem = None
-    if policy.containment:
-        from .containment import enter_private_namespaces
-
-        namespaces_problem = enter_private_namespaces()
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        # Libraries make multiprocessing locks at import (tqdm). Under the
-        # "spawn" default this process inherited, each lock is a named
-        # semaphore watched by a resource-tracker process started outside the
-        # containment; under "fork" it is unlinked at once and no tracker runs.
-        import multiprocessing
-
-        multiprocessing.set_start_method("fork", force=True)
-        # And the pipe to the server's own tracker (root, unconfined) is closed,
-        # so user code cannot ask it to unlink anything.
-        try:
-            from multiprocessing import resource_tracker
-
-            tracker = resource_tracker._resource_tracker
-            if getattr(tracker, "_fd", None) is not None:
-                os.close(tracker._fd)
-                tracker._fd, tracker._pid = None, None
-        except (ImportError, AttributeError, OSError):
-            pass
-    containment: dict = {}
-
-    def send(kind: str, payload: Any) -> None:
-        if kind == "state" and containment:
-            payload = {**payload, "containment": containment}
-        connection.send((kind, payload))
-
-    send("state", {"state": "DEPLOYING", "description": "Loading the model."})
-    try:
-        import torch
-
-        if options.torch_threads > 0:
-            torch.set_num_threads(options.torch_threads)
-        started = time.perf_counter()
-        model = load_model(options)
-        runner, guard, report = secure(model, policy, namespaces_problem)
-        containment.update(report.to_dict())
-    except BaseException:
-        send("state", {"state": "UNHEALTHY", "description": traceback.format_exc()})
-        connection.close()
-        sys.exit(3)
-    send(
-        "state",
-        {
-            "state": "RUNNING",
-            "description": f"Loaded in {time.perf_counter() - started:.1f}s; {report.describe()}.",
-            "weight_bytes": weight_bytes(model),
-        },
-    )
-
-    while True:
-        try:
-            kind, payload = connection.recv()
-        except (EOFError, OSError):
-            return  # the parent went away; nothing left to serve
-        if kind == "stop":
-            return
-        if kind == "place":
-            place(model, payload)
-            if guard is not None:
-                guard.rebaseline()
-            send("state", {"state": "RUNNING", "description": f"Weights on {payload}."})
-            continue
-        if kind != "run":
-            continue
-        payload_fd, result_fd = receive_files(connection, payload)
-        spec = JobSpec(**payload)
-        spec.payload_fd, spec.result_fd = payload_fd, result_fd
-        intact = runner.run(spec, lambda event: send("event", event.to_dict()))
-        if not intact:
-            # The job changed the model in a way that cannot be undone: exit,
-            # and the replica starts a fresh worker from the checkpoint.
-            connection.close()
-            sys.exit(EXIT_MODEL_CHANGED)
-        send("idle", spec.job_id)
-
-
-def secure(model: Any, policy: Any, namespaces_problem: Optional[str]) -> tuple:
+def secure(model: Any, policy: Any, namespaces_problem: Optional[str], fork_mode: bool = False) -> tuple:
     """Everything between loading the model and serving the first stranger.
 
     The runner reads payloads with the restricted unpickler and runs them with
     the guarded builtins; the guard snapshots the model (moving the CPU weights
     into read-only memory); then the OS-level layers shut the process in. With
     ``containment`` off (a trusted deployment) the runner is the plain one.
+
+    In fork mode (``fork_mode``: each job in a fresh process forked from this
+    one) there is no guard: nothing a job changes outlives its process. The
+    weights are sealed all the same, so that a job cannot write them through
+    the shared mapping, and the layers that are per job are left to each job's
+    process (`job_layers`).
     """
     from .containment import contain
     from .runner import Runner
@@ -232,13 +132,56 @@ def secure(model: Any, policy: Any, namespaces_problem: Optional[str]) -> tuple:
     harden_libraries(sandbox, unpickler.builtins_dict)
     guard_module_attributes(unpickler.builtins_dict)
     runner = Runner(model, unpickler=unpickler)
-    guard = ModelGuard(model, runner.persistent_objects)
-    runner.guard = guard
+    guard = None
+    if fork_mode:
+        from .weights import WeightImage
+
+        runner.weight_image = WeightImage.build(list(model._module.parameters()))
+    else:
+        guard = ModelGuard(model, runner.persistent_objects)
+        runner.guard = guard
     off_host = sum(
         t.nelement() * t.element_size()
         for t in list(model._module.parameters()) + list(model._module.buffers())
         if t.device.type != "cpu"
     )
-    report = contain(policy.limits, namespaces_problem, reserve_bytes=off_host)
+    report = contain(policy.limits, namespaces_problem, reserve_bytes=off_host, host_only=fork_mode)
     print(f"nnhost worker {os.getpid()}: {report.describe()}", file=sys.stderr, flush=True)
     return runner, guard, report
+
+
+def warm_up(model: Any, runner: Any) -> Optional[str]:
+    """Run one request of our own through the whole job path, in the host, before any fork.
+
+    Every job process starts as a copy of the host: whatever the host has
+    already done once (imports done lazily, nnsight's compiled tracing code,
+    torch's dispatch caches, the unpickler's and the serializer's first use)
+    each job process inherits done, instead of paying for it on every request.
+    It runs with one torch thread (see `host`). Returns why it failed, or None.
+    """
+    import os
+
+    from nnsight.schema.request import RequestModel
+
+    from .events import JobSpec
+
+    try:
+        captured: dict = {}
+
+        def capture(tracer: Any) -> None:
+            captured["blob"] = RequestModel.serialize(tracer, True)
+
+        with model.trace("Hello, world. The city of", backend=capture):
+            model.output.save()
+        payload = os.memfd_create("warm-up-payload", os.MFD_CLOEXEC)
+        result = os.memfd_create("warm-up-result", os.MFD_CLOEXEC)
+        os.write(payload, captured["blob"])
+        os.lseek(payload, 0, os.SEEK_SET)
+        events: list = []
+        runner.run(JobSpec("warm-up", "", True, payload_fd=payload, result_fd=result), events.append)
+        final = events[-1] if events else None
+        if final is None or final.status != "COMPLETED":
+            return final.description if final is not None else "no final event"
+        return None
+    except Exception as error:  # a model whose forward needs other inputs: no warm-up
+        return f"{type(error).__name__}: {error}"

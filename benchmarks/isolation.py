@@ -1,0 +1,219 @@
+"""What does a fresh process per job cost? Fork-per-job against one trusted, long-lived process.
+
+Run it as::
+
+    .venv/bin/python benchmarks/isolation.py [--repeats N] [--jobs N] [--models tiny,gpt2]
+
+For each model (the tiny test model, and a GPT-2-small-shaped random model of
+~124M parameters) one run starts two real ``nnhost serve`` processes: one with
+the defaults (each job in a fresh, contained process forked ahead of time from
+the host that holds the sealed weights) and one with ``containment = false``
+(trusted mode: one long-lived process runs every job). Run as root, so that
+every layer applies (the first line per server says which are active).
+
+Printed per model and server:
+
+* **latency**: the real nnsight client's wall time for a small trace (save the
+  last position's logits), median and p90, the two servers interleaved;
+* **worker ms**: the job's own ``meta["total_seconds"]`` (read, run, write);
+* **1 user / 8 users**: jobs per second with 8 clients posting the same
+  serialized trace over raw HTTP and polling ``/response`` (8 threads of one
+  key, then 8 keys of 8 users), so the client's own tracing is not counted;
+
+and the ratios fork-per-job / trusted. The goal (issue 13): at most 5 ms added
+to the median latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Optional
+
+API_KEY = "nnh_bench_" + "i" * 40
+PROMPT = "The Eiffel Tower is in the city of"
+WARMUP = 3
+
+
+def percentile(values: list, q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round((len(ordered) - 1) * q / 100)))]
+
+
+def trace_once(model, url: str) -> tuple:
+    from nnsight.intervention.backends.remote import RemoteBackend
+
+    backend = RemoteBackend(model.to_model_key(), host=url)
+    started = time.perf_counter()
+    with model.trace(PROMPT, backend=backend):
+        logits = model.lm_head.output[:, -1].save()
+    return time.perf_counter() - started, logits, backend.meta or {}
+
+
+def serialized(model) -> bytes:
+    from nnsight.schema.request import RequestModel
+
+    class Capture:
+        blob = b""
+
+        def __call__(self, tracer):
+            Capture.blob = RequestModel.serialize(tracer, False)
+
+    with model.trace(PROMPT, backend=Capture()):
+        model.lm_head.output[:, -1].save()
+    return Capture.blob
+
+
+def throughput(url: str, model_key: str, blob: bytes, keys: list, jobs: int) -> float:
+    import httpx
+
+    done = []
+    lock = threading.Lock()
+    remaining = [jobs]
+
+    def client(key: str) -> None:
+        headers = {"ndif-api-key": key, "nnsight-version": "0.8.1"}
+        with httpx.Client(timeout=60) as http:
+            while True:
+                with lock:
+                    if remaining[0] <= 0:
+                        return
+                    remaining[0] -= 1
+                reply = http.post(f"{url}/request", headers=headers,
+                                  data={"data": json.dumps({"model_key": model_key, "compress": False})},
+                                  files={"blob": ("request", blob, "application/octet-stream")})
+                job_id = reply.json()["id"]
+                while True:
+                    status = http.get(f"{url}/response/{job_id}", headers=headers).json()["status"]
+                    if status in ("COMPLETED", "ERROR"):
+                        with lock:
+                            done.append(status)
+                        break
+                    time.sleep(0.01)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(keys[i % len(keys)],)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    assert done.count("COMPLETED") == jobs, done
+    return jobs / elapsed
+
+
+def new_key(server, email: str) -> str:
+    made = subprocess.run(
+        [sys.executable, "-m", "nnhost.cli", "keys", "create", "--email", email, "--data-dir", str(server.data_dir)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "HF_HOME": str(server.hf_home)},
+    )
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip().splitlines()[-1]
+
+
+def bench_model(kind: str, repo: str, snapshot: Path, servers: dict, repeats: int, jobs: int) -> dict:
+    import torch
+    from nnsight import LanguageModel
+
+    names = list(servers)
+    urls = {name: server.url for name, server in servers.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        remote = LanguageModel(repo)
+        local = LanguageModel(str(snapshot), dispatch=True)
+    with local.trace(PROMPT):
+        expected = local.lm_head.output[:, -1].save()
+    for name in names:
+        _, logits, _ = trace_once(remote, urls[name])
+        assert torch.allclose(logits, expected, rtol=1e-5, atol=1e-6), name
+        for _ in range(WARMUP):
+            trace_once(remote, urls[name])
+    latency = {name: [] for name in names}
+    worker = {name: [] for name in names}
+    for _ in range(repeats):
+        for name in names:
+            elapsed, _, meta = trace_once(remote, urls[name])
+            latency[name].append(elapsed * 1000)
+            worker[name].append(meta.get("total_seconds", float("nan")) * 1000)
+    blob = serialized(remote)
+    result = {}
+    for name in names:
+        keys = servers[name].user_keys
+        result[name] = {
+            "median": statistics.median(latency[name]),
+            "p90": percentile(latency[name], 90),
+            "worker": statistics.median(worker[name]),
+            "one user": throughput(urls[name], remote.to_model_key(), blob, [API_KEY], jobs),
+            "eight users": throughput(urls[name], remote.to_model_key(), blob, keys, jobs),
+        }
+    return result
+
+
+def main(argv: Optional[list] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--repeats", type=int, default=30, help="timed traces per server")
+    parser.add_argument("--jobs", type=int, default=48, help="jobs per throughput run")
+    parser.add_argument("--models", default="tiny,gpt2")
+    parser.add_argument("--torch-threads", type=int, default=0, help="threads per job (both servers)")
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="nnhost-bench-isolation-"))
+    from nnhost.testing import ServerProcess, free_port, point_client_at
+
+    names = ("fork-per-job", "trusted")
+    ports = {name: free_port() for name in names}
+    # Before anything imports huggingface_hub: the client's Hub is the first server's mirror.
+    point_client_at(f"http://127.0.0.1:{ports[names[0]]}", API_KEY, root)
+    from nnhost.models.tiny import TinyGPT2Spec, build_tiny_gpt2
+
+    shapes = {"tiny": TinyGPT2Spec(),
+              "gpt2": TinyGPT2Spec(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50256)}
+    kinds = args.models.split(",")
+    hf_home = root / "server-hf"
+    snapshots = {}
+    for kind in kinds:
+        print(f"building nnhost-bench/isolation-{kind} ...", flush=True)
+        snapshots[kind] = build_tiny_gpt2(f"nnhost-bench/isolation-{kind}", hf_home=hf_home, spec=shapes[kind])
+    servers = {}
+    try:
+        for name in names:
+            env = {"NNHOST_CONTAINMENT": "false"} if name == "trusted" else {}
+            servers[name] = ServerProcess([f"nnhost-bench/isolation-{k}" for k in kinds],
+                                          data_dir=root / name, hf_home=hf_home,
+                                          api_key=API_KEY, port=ports[name], env=env,
+                                          extra_args=["--torch-threads", str(args.torch_threads)]).start()
+            servers[name].user_keys = [new_key(servers[name], f"user{i}@example.org") for i in range(8)]
+            for entry in servers[name].status()["deployments"].values():
+                print(f"  {name}: {entry.get('description', '')}", flush=True)
+        results = {kind: bench_model(kind, f"nnhost-bench/isolation-{kind}", snapshots[kind], servers,
+                                     args.repeats, args.jobs) for kind in kinds}
+    finally:
+        for server in servers.values():
+            server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    print()
+    print(f"{'model':<6} {'server':<13} {'median ms':>10} {'p90 ms':>8} {'worker ms':>10} "
+          f"{'1 user job/s':>13} {'8 users job/s':>14}")
+    for kind, result in results.items():
+        for name, row in result.items():
+            print(f"{kind:<6} {name:<13} {row['median']:>10.1f} {row['p90']:>8.1f} {row['worker']:>10.2f} "
+                  f"{row['one user']:>13.1f} {row['eight users']:>14.1f}")
+        fork, trusted = result["fork-per-job"], result["trusted"]
+        print(f"{kind:<6} {'ratio':<13} {fork['median'] / trusted['median']:>9.3f}x "
+              f"{fork['p90'] / trusted['p90']:>7.3f}x {fork['worker'] / trusted['worker']:>9.3f}x "
+              f"{fork['one user'] / trusted['one user']:>12.3f}x {fork['eight users'] / trusted['eight users']:>13.3f}x"
+              f"   (median +{fork['median'] - trusted['median']:.1f} ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

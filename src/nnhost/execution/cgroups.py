@@ -1,0 +1,139 @@
+"""A memory and task limit for each job's process, as a control group.
+
+``RLIMIT_DATA`` counts private writable memory only: a job can take as much
+as it likes through a shared anonymous mapping, ``/dev/shm`` or its ``/tmp``.
+A cgroup's memory controller counts every page charged to the job's processes,
+whatever kind of mapping it came from. Each job's process is put into a group
+of its own (under the server's own group, in the cgroup v1 ``memory`` and
+``pids`` hierarchies) before it is handed a job; its children inherit the group. When the job is over the
+group is removed.
+
+This is driven from the replica's side (the job's process has dropped every
+privilege by then, and never sees the cgroup files writable). Where the
+machine has no usable cgroup v1 memory controller (not root, not mounted,
+cgroup v2 only: not supported yet), `JobGroups.problem` says
+why and job processes fall back to ``RLIMIT_AS``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Optional
+
+ROOT = "/sys/fs/cgroup"
+
+
+def _own_path(controller: str) -> Optional[str]:
+    """This process's group in ``controller``'s v1 hierarchy ("" for the unified one)."""
+    try:
+        with open("/proc/self/cgroup") as file:
+            for line in file:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controller in controllers.split(","):
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+class JobGroups:
+    """Creates, fills and removes one memory (+ pids) group per job process."""
+
+    def __init__(self, name: str) -> None:
+        self.problem: Optional[str] = None
+        self.memory_base: Optional[str] = None
+        self.pids_base: Optional[str] = None
+        safe = "".join(c if c.isalnum() else "-" for c in name)[:60]
+        if os.geteuid() != 0:
+            self.problem = "needs root"
+            return
+        memory = _own_path("memory")
+        if memory is None or not os.path.isdir(os.path.join(ROOT, "memory")):
+            self.problem = "no cgroup v1 memory controller mounted"
+            return
+        self.memory_base = os.path.join(ROOT, "memory", memory.lstrip("/"), f"nnhost-{os.getpid()}-{safe}")
+        pids = _own_path("pids")
+        if pids is not None and os.path.isdir(os.path.join(ROOT, "pids")):
+            self.pids_base = os.path.join(ROOT, "pids", pids.lstrip("/"), f"nnhost-{os.getpid()}-{safe}")
+        try:
+            os.makedirs(self.memory_base, exist_ok=True)
+            if self.pids_base:
+                os.makedirs(self.pids_base, exist_ok=True)
+        except OSError as error:
+            self.problem = f"cannot create a cgroup: {error.strerror}"
+            self.memory_base = self.pids_base = None
+
+    @property
+    def available(self) -> bool:
+        return self.problem is None
+
+    def _paths(self, pid: int) -> list[str]:
+        return [os.path.join(base, f"job-{pid}") for base in (self.memory_base, self.pids_base) if base]
+
+    def attach(self, pid: int, memory_bytes: int, tasks: int) -> None:
+        """Put process ``pid`` (not yet running user code) into a fresh group with these limits."""
+        memory, *rest = self._paths(pid)
+        os.makedirs(memory, exist_ok=True)
+        _write(memory, "memory.limit_in_bytes", memory_bytes)
+        try:  # no swap for a job: what it takes, it holds in memory
+            _write(memory, "memory.memsw.limit_in_bytes", memory_bytes)
+        except OSError:
+            pass
+        _write(memory, "cgroup.procs", pid)
+        for pids in rest:
+            os.makedirs(pids, exist_ok=True)
+            _write(pids, "pids.max", tasks)
+            _write(pids, "cgroup.procs", pid)
+
+    def ran_out_of_memory(self, pid: int) -> bool:
+        """Whether the kernel killed a process of that job for going over its memory."""
+        path = os.path.join(self.memory_base or "", f"job-{pid}", "memory.oom_control")
+        try:
+            with open(path) as file:
+                for line in file:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill" and int(value) > 0:
+                        return True
+        except (OSError, ValueError):
+            pass
+        try:
+            with open(os.path.join(os.path.dirname(path), "memory.failcnt")) as file:
+                return int(file.read()) > 0
+        except (OSError, ValueError):
+            return False
+
+    def remove(self, pid: int, wait: float = 2.0) -> None:
+        """Remove the job's groups once its processes are gone (the kernel reaps them shortly)."""
+        deadline = time.monotonic() + wait
+        for path in self._paths(pid):
+            while True:
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.02)
+
+    def close(self) -> None:
+        for base in (self.memory_base, self.pids_base):
+            if not base:
+                continue
+            try:
+                for entry in os.listdir(base):
+                    if entry.startswith("job-"):
+                        try:
+                            os.rmdir(os.path.join(base, entry))
+                        except OSError:
+                            pass
+                os.rmdir(base)
+            except OSError:
+                pass
+
+
+def _write(folder: str, name: str, value: int) -> None:
+    with open(os.path.join(folder, name), "w") as file:
+        file.write(str(value))

@@ -1,0 +1,262 @@
+"""A replica's long-lived process: loads the model once, never runs user code.
+
+Started by the replica as ``python -m nnhost.execution.host FD`` with a clean
+environment, so neither its argv nor its environment ever held anything of
+the server's (the operator's key above all): the one argument is the number of
+its channel to the replica (`channel`), the policy and the model's settings
+come over that channel and one environment variable.
+
+It loads the model (with one torch thread: a thread pool started here would
+hang in a forked child), seals the CPU weights read-only (`weights`), shuts
+itself in with the layers common to every job (`containment`, host part),
+and then, in **fork mode** (contained, model on the CPU), forks one process
+per job ahead of time (`job_process`), each in a new PID namespace. For each
+it hands the replica that process's own channel and the read end of its log
+pipe; the replica talks to the job's process directly, and tells the host to
+fork the next one, or to kill one. The host reaps its children and reports
+their exit statuses. It reads nothing a job wrote.
+
+In **trusted mode** (``containment = false``) and on accelerators, where a
+CUDA context cannot cross a fork (see the README's Security section), the host
+runs the jobs itself, one after another, as a reusable slot; there the
+integrity guard restores what a job changed.
+
+Messages on the control channel, replica to host: ``fork`` (with
+``memory_cgroup``), ``discard`` (``pid``), ``place`` (``device``), ``stop``;
+host to replica: ``state``, ``slot`` (``pid``, ``reusable``; descriptors: the
+job's channel, its log pipe), ``exit`` (``pid``, ``status``).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+from .channel import Channel, pair
+from .worker import EXIT_MODEL_CHANGED, WorkerOptions, load_model, place, secure, weight_bytes
+
+
+def main() -> None:
+    control = Channel(socket.socket(fileno=int(sys.argv[1])))
+    sys.argv = sys.argv[:1]
+    from .worker import die_with_parent
+
+    die_with_parent()
+    # Ctrl-C in a terminal and a service manager's SIGTERM reach the whole
+    # process group; the server decides when replicas stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    message, _ = control.recv()
+    if not message or message.get("type") != "options":
+        sys.exit(2)
+    options = WorkerOptions(**message["options"])
+    os.environ.update(options.environ)
+    from .policy import pop_policy
+
+    policy = pop_policy()
+    fork_mode = policy.containment and options.home_device == "cpu"
+    namespaces_problem = None
+    if policy.containment:
+        from .containment import enter_private_namespaces
+
+        namespaces_problem = enter_private_namespaces()
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        import multiprocessing
+
+        # Libraries make multiprocessing locks at import (tqdm): under "fork"
+        # no resource-tracker process is started outside the containment.
+        multiprocessing.set_start_method("fork", force=True)
+    containment: dict = {}
+
+    def state(payload: dict) -> None:
+        if containment:
+            payload = {**payload, "containment": containment}
+        control.send({"type": "state", **payload})
+
+    state({"state": "DEPLOYING", "description": "Loading the model."})
+    try:
+        import torch
+
+        if fork_mode:
+            torch.set_num_threads(1)
+        elif options.torch_threads > 0:
+            torch.set_num_threads(options.torch_threads)
+        started = time.perf_counter()
+        model = load_model(options)
+        runner, guard, report = secure(model, policy, namespaces_problem, fork_mode=fork_mode)
+        containment.update(report.to_dict())
+        if fork_mode:
+            from .worker import warm_up
+
+            problem = warm_up(model, runner)
+            if problem:
+                print(f"nnhost host {os.getpid()}: no warm-up ({problem[-300:]})", file=sys.stderr, flush=True)
+    except BaseException:
+        state({"state": "UNHEALTHY", "description": traceback.format_exc()})
+        sys.exit(3)
+    mode = "a fresh process per job" if fork_mode else "one process for every job"
+    state({
+        "state": "RUNNING",
+        "description": f"Loaded in {time.perf_counter() - started:.1f}s; {report.describe()}; {mode}.",
+        "weight_bytes": weight_bytes(model),
+    })
+    if fork_mode:
+        import gc
+
+        # Everything loaded so far is kept for good: a garbage collection in a
+        # job process would otherwise write to (and so copy) every page of it.
+        gc.collect()
+        gc.freeze()
+        Forker(control, runner, policy, options).serve()
+    else:
+        serve_in_process(control, model, runner, guard)
+
+
+class Forker:
+    """Keeps job processes coming; kills and reaps them; never reads what they write."""
+
+    def __init__(self, control: Channel, runner: Any, policy: Any, options: WorkerOptions) -> None:
+        from .job_layers import PidNamespaces
+
+        self.control = control
+        self.runner = runner
+        self.policy = policy
+        self.options = options
+        self.namespaces = PidNamespaces()
+        self.children: set[int] = set()
+        self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        os.set_blocking(wake_w, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(wake_w)
+
+    def serve(self) -> None:
+        while True:
+            try:
+                ready, _, _ = select.select([self.control.sock, self.wake_r], [], [], 1.0)
+            except InterruptedError:
+                ready = []
+            if self.wake_r in ready:
+                try:
+                    while os.read(self.wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+            self._reap()
+            if self.control.sock not in ready:
+                continue
+            try:
+                message, fds = self.control.recv()
+            except (OSError, ValueError):
+                message, fds = None, []
+            for fd in fds:
+                os.close(fd)
+            if message is None:
+                break  # the replica is gone
+            kind = message.get("type")
+            if kind == "fork":
+                self._fork(bool(message.get("memory_cgroup")))
+            elif kind == "discard":
+                pid = message.get("pid")
+                if pid in self.children:
+                    os.kill(pid, signal.SIGKILL)
+            elif kind == "place":
+                self.control.send({"type": "state", "state": "RUNNING",
+                                   "description": "Weights on cpu (every job's process shares them)."})
+            elif kind == "stop":
+                break
+        for pid in self.children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        os._exit(0)
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.children.discard(pid)
+            self.control.send({"type": "exit", "pid": pid, "status": os.waitstatus_to_exitcode(status)})
+
+    def _fork(self, memory_cgroup: bool) -> None:
+        ours, theirs = pair()
+        log_r, log_w = os.pipe2(os.O_CLOEXEC)
+        pid = self.namespaces.fork()
+        if pid == 0:
+            from .job_process import live
+
+            ours.close()
+            os.close(log_r)
+            live(theirs, log_w, self.runner, self.policy, self.options, memory_cgroup)
+        theirs.close()
+        os.close(log_w)
+        self.children.add(pid)
+        try:
+            self.control.send({"type": "slot", "pid": pid, "reusable": False,
+                               "pid_namespace": self.namespaces.problem is None},
+                              [ours.fileno(), log_r])
+        finally:
+            ours.close()
+            os.close(log_r)
+
+
+def serve_in_process(control: Channel, model: Any, runner: Any, guard: Any) -> None:
+    """Trusted mode and accelerators: this process runs every job, one after another."""
+    from .handoff import receive_job
+
+    ours, theirs = pair()
+    control.send({"type": "slot", "pid": os.getpid(), "reusable": True}, [theirs.fileno()])
+    theirs.close()
+    jobs = Channel(ours)
+    jobs.send({"type": "ready"})
+    while True:
+        ready, _, _ = select.select([control.sock, jobs.sock], [], [])
+        if control.sock in ready:
+            message, fds = control.recv()
+            for fd in fds:
+                os.close(fd)
+            if message is None or message.get("type") == "stop":
+                return
+            if message.get("type") == "place":
+                place(model, message.get("device", "cpu"))
+                if guard is not None:
+                    guard.rebaseline()
+                control.send({"type": "state", "state": "RUNNING",
+                              "description": f"Weights on {message.get('device')}."})
+            continue
+        message, fds = jobs.recv()
+        if message is None:
+            return
+        spec = receive_job(message, fds)
+        intact = run_one_guarded(spec, runner, jobs)
+        if not intact:
+            # The job changed the model in a way that cannot be undone: exit,
+            # and the replica starts a fresh process from the checkpoint.
+            sys.exit(EXIT_MODEL_CHANGED)
+        jobs.send({"type": "ready"})
+
+
+def run_one_guarded(spec: Any, runner: Any, jobs: Channel) -> bool:
+    from .job_process import MAX_DESCRIPTION
+
+    def emit(event: Any) -> None:
+        message = {"type": "event", **event.to_dict()}
+        if len(message["description"]) > MAX_DESCRIPTION:
+            message["description"] = message["description"][:MAX_DESCRIPTION] + " [cut]"
+        jobs.send(message)
+
+    return runner.run(spec, emit)
+
+
+if __name__ == "__main__":
+    main()

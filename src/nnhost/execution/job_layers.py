@@ -1,0 +1,148 @@
+"""The layers each job's own process gets, on top of its parent's.
+
+The replica's long-lived process (`host`) is already shut in by the layers
+of `containment` that hold for every job alike (read-only filesystem with the
+server's folders hidden, no network, no environment, ``M_PERTURB``). It forks
+the process for the next job into a fresh PID namespace, and that process,
+still root and before it has seen any job, adds what must be new for each job:
+
+===============  ============================================================
+pid namespace    it is PID 1 of a namespace of its own: every process it
+                 starts dies with it, and it sees no other process
+filesystem       a mount namespace of its own, with a fresh ``/tmp``,
+                 ``/dev/shm``, ``/var/tmp`` and ``/proc`` (of its namespace)
+network          a network namespace of its own (loopback only, down)
+ipc              its own System V IPC and POSIX message queue namespace
+limits           ``RLIMIT_DATA``, ``NPROC``, ``NOFILE``, ``FSIZE``, ``CORE``,
+                 and ``RLIMIT_AS`` where no memory cgroup holds it (see
+                 `cgroups`, applied from the replica's side)
+identity         uid/gid ``uid_base + its pid``, no capabilities,
+                 ``no_new_privs``, not dumpable
+===============  ============================================================
+
+Nothing here runs user code or reads anything a job wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from typing import Optional
+
+from . import containment
+from .containment import (
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    ContainmentPolicy,
+    ContainmentReport,
+)
+
+CLONE_NEWPID = 0x20000000
+MiB = 1024 * 1024
+
+
+def host_pid() -> int:
+    """This process's pid as the replica sees it (``getpid`` says 1 in its own namespace)."""
+    try:
+        with open("/proc/self/status") as file:
+            for line in file:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.getpid()
+
+
+class PidNamespaces:
+    """In the host: make the next child PID 1 of a new namespace, then go back.
+
+    ``unshare(CLONE_NEWPID)`` changes only where this process's *next* child
+    goes; ``setns`` to our own namespace resets that, so each fork gets a new one.
+    """
+
+    def __init__(self) -> None:
+        self.problem: Optional[str] = None
+        self._own = None
+        if os.geteuid() != 0:
+            self.problem = "needs root"
+            return
+        try:
+            self._own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as error:
+            self.problem = str(error)
+
+    def fork(self) -> int:
+        if self._own is None:
+            return os.fork()
+        libc = containment._c()
+        if libc.unshare(CLONE_NEWPID) != 0:
+            import ctypes
+
+            self.problem = f"unshare pid namespace: {os.strerror(ctypes.get_errno())}"
+            os.close(self._own)
+            self._own = None
+            return os.fork()
+        try:
+            return os.fork()
+        finally:
+            if os.getpid() != 1:  # the parent: later children go back to our namespace
+                libc.setns(self._own, CLONE_NEWPID)
+
+
+def contain_job(policy: ContainmentPolicy, uid: int, memory_cgroup: bool) -> ContainmentReport:
+    """Add this job's own layers; each one stands alone, and the report says which failed."""
+    report = ContainmentReport(enabled=policy.enabled)
+    if not policy.enabled:
+        return report
+    root = os.geteuid() == 0
+
+    def layer(name: str, action, needs_root: bool = False) -> None:
+        if needs_root and not root:
+            report.unavailable[name] = "needs root"
+            return
+        try:
+            action()
+            report.active.append(name)
+        except Exception as error:  # each layer stands alone
+            report.unavailable[name] = str(error) or type(error).__name__
+
+    if os.getpid() == 1:
+        report.active.append("pid namespace")
+    else:
+        report.unavailable["pid namespace"] = "the host could not create one"
+    layer("ipc", lambda: containment._unshare(CLONE_NEWIPC, "ipc namespace"), needs_root=True)
+    layer("network", lambda: containment._unshare(CLONE_NEWNET, "network namespace"), needs_root=True)
+    layer("filesystem", lambda: _fresh_filesystem(policy, uid), needs_root=True)
+    layer("limits", lambda: _limits(policy, memory_cgroup))
+    layer("identity", lambda: containment._drop_identity(uid, uid), needs_root=True)
+    return report
+
+
+def _fresh_filesystem(policy: ContainmentPolicy, uid: int) -> None:
+    containment._unshare(CLONE_NEWNS, "mount namespace")
+    containment.mount_scratch(policy, uid, uid)
+    if os.getpid() == 1:
+        # /proc of this job's own pid namespace: no other process is in it.
+        containment._mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+
+
+def _vm_size() -> int:
+    with open("/proc/self/status") as file:
+        for line in file:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _limits(policy: ContainmentPolicy, memory_cgroup: bool) -> None:
+    containment._apply_limits(policy, 0)
+    if not memory_cgroup:
+        # No group counts shared mappings: bound the address space instead
+        # (coarser: it also counts reserved, untouched memory).
+        memory = policy.memory_bytes or 8 * 1024 * MiB
+        limit = _vm_size() + memory + policy.scratch_bytes
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))

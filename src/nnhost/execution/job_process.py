@@ -1,0 +1,195 @@
+"""One job's process: forked from the host ahead of time, contained, runs one job, exits.
+
+The host (`host`) forks this process before any job is waiting for it, so the
+fork and the containment set-up are off the request's path. Here, still root
+and before anything of a job has been read, it:
+
+1. points its stdout and stderr (descriptors 1 and 2, so native writes and
+   Python warnings too) at a pipe whose other end the replica reads as this
+   job's LOG stream, and closes every other descriptor but its own channel;
+2. adds the per-job layers (`job_layers`): PID 1 of its own PID namespace, its
+   own mount namespace with a fresh ``/tmp`` and ``/proc``, its own network
+   and IPC namespaces, limits, and a uid of its own;
+3. says ``ready`` and waits for exactly one ``run`` message.
+
+Then it runs that job with the `Runner` (the Python layer as before), reports
+RUNNING, LOG and one final event, and exits; the replica kills what is left.
+The model it sees is the host's, copy-on-write: whatever the job changes dies
+with this process. A cheap comparison of torch's global state says in the
+final message what the job changed, so the user knows it had no effect on
+anyone else.
+
+It never receives a second job and never learns anything of another job.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import traceback
+from typing import Any, Optional
+
+from .channel import Channel
+from .events import JobEvent, JobSpec
+from .handoff import receive_job
+
+#: A final event's description is cut here (a traceback of a deep recursion, say).
+MAX_DESCRIPTION = 64 * 1024
+#: Marks a payload that carries raw Python first (tests only; see `TEST_HOOK`).
+TEST_MAGIC = b"NNHOST-TEST-RAW-PYTHON\n"
+TEST_SEPARATOR = b"\n#NNHOST-END-OF-RAW-PYTHON\n"
+
+
+def live(
+    sock: Any,
+    log_fd: int,
+    runner: Any,
+    policy: Any,
+    options: Any,
+    memory_cgroup: bool,
+) -> None:
+    """The whole life of a job process (called in the child right after fork; never returns)."""
+    status = 0
+    channel = Channel(sock)
+    try:
+        _detach_from_host(sock.fileno(), log_fd)
+        from .job_layers import contain_job, host_pid
+
+        uid = policy.limits.uid_base + host_pid()
+        report = contain_job(policy.limits, uid, memory_cgroup)
+        import torch
+
+        # The host never starts torch's thread pool (a pool started before
+        # fork would hang here); each job process starts its own.
+        torch.set_num_threads(options.torch_threads if options.torch_threads > 0 else (os.cpu_count() or 1))
+        # While no job waits for us: touch what a job touches (the pages it
+        # would copy from the host, torch's thread pool), off the request's path.
+        from .worker import warm_up
+
+        warm_up(runner.model, runner)
+        channel.send({"type": "ready", "containment": report.to_dict()})
+        message, fds = channel.recv()
+        if message is None:
+            os._exit(0)
+        spec = receive_job(message, fds)
+        if policy.test_hooks:
+            try:
+                _run_test_hook(spec, channel, runner)
+            except Exception:
+                channel.send({"type": "event", "job_id": spec.job_id, "status": "ERROR",
+                              "description": "test hook: " + traceback.format_exc()[-8000:]})
+                os._exit(0)
+        run_one(spec, runner, channel)
+    except BaseException:
+        status = 3
+        try:
+            os.write(2, traceback.format_exc().encode()[-4000:])
+        except OSError:
+            pass
+    finally:
+        os._exit(status)
+
+
+def _detach_from_host(channel_fd: int, log_fd: int) -> None:
+    """Keep nothing of the host's: only the channel, the log pipe as 1 and 2, /dev/null as 0."""
+    import ctypes
+
+    from .containment import PR_SET_PDEATHSIG, _c
+
+    _c().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    keep = sorted({0, 1, 2, channel_fd})
+    start = 3
+    for fd in keep[3:] + [os.sysconf("SC_OPEN_MAX")]:
+        os.closerange(start, fd)
+        start = fd + 1
+    os.set_inheritable(channel_fd, False)
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True, errors="replace")
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, errors="replace")
+    sys.argv = [sys.argv[0]] if sys.argv else []
+    del ctypes
+
+
+def run_one(spec: JobSpec, runner: Any, channel: Channel) -> None:
+    """Run the job, stream its events, hold back the final one until the output is flushed."""
+    from .integrity import shared_state, shared_state_changes
+
+    before = shared_state()
+    final: list[dict] = []
+
+    def emit(event: JobEvent) -> None:
+        message = {"type": "event", **event.to_dict()}
+        if len(message["description"]) > MAX_DESCRIPTION:
+            message["description"] = message["description"][:MAX_DESCRIPTION] + " [cut]"
+        if event.status in ("COMPLETED", "ERROR"):
+            final.append(message)
+        else:
+            channel.send(message)
+
+    runner.run(spec, emit)
+    changes = shared_state_changes(before)
+    notice = ""
+    if changes:
+        notice = (
+            f" Your request changed state shared by its process ({', '.join(changes[:4])}); "
+            "that process ends with your request, so no other request sees the change."
+        )
+    _flush_output()
+    for message in final[:1]:
+        message["description"] += notice
+        channel.send(message)
+
+
+def _flush_output() -> None:
+    """Everything written to stdout/stderr reaches the LOG pipe before the final event."""
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
+
+
+def _run_test_hook(spec: JobSpec, channel: Channel, runner: Any) -> None:
+    """TEST_HOOK: run a payload's raw Python prefix unrestricted, as if the sandbox were beaten.
+
+    Only a server started with the ``unsafe_test_hooks`` setting (an operator
+    setting; nothing in a request can turn it on) looks at this prefix. The
+    rest of the payload is then run as the normal request it is.
+    """
+    with os.fdopen(os.dup(spec.payload_fd), "rb") as file:
+        blob = file.read()
+    os.lseek(spec.payload_fd, 0, os.SEEK_SET)  # the dup shared the offset
+    if not blob.startswith(TEST_MAGIC) or TEST_SEPARATOR not in blob:
+        return
+    source, _, rest = blob[len(TEST_MAGIC):].partition(TEST_SEPARATOR)
+    replacement = os.memfd_create("payload", os.MFD_CLOEXEC)
+    os.write(replacement, rest)
+    os.lseek(replacement, 0, os.SEEK_SET)
+    os.close(spec.payload_fd)
+    spec.payload_fd = replacement
+    namespace: dict = {"channel": channel, "spec": spec, "model": runner.model, "runner": runner}
+    exec(compile(source.decode(), "<test hook>", "exec"), namespace)  # noqa: S102 (tests only)
+
+
+def describe_exit(code: Optional[int]) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

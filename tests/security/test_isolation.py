@@ -1,0 +1,475 @@
+"""No process that ran one user's code ever runs another's: tested as a user who beat Python.
+
+Each hostile request here carries raw, unrestricted Python that its job's
+process runs before the request itself (a test-only hook the server enables
+with the ``unsafe_test_hooks`` setting; nothing in a request can turn it on).
+So each case plays a user who already got past the Python layer, and goes
+after what that would give them in a long-lived worker: state left for the
+next user, processes and threads that outlive the job, the next job's payload
+and result, forged events, memory through shared mappings, the server's log,
+and the operator's key. After each, the next user's request (the admin's,
+through the real nnsight client) must give exactly the local result, and
+nothing of the earlier job may be visible.
+
+A hostile snippet reports what it found by `report(value)`: an ERROR event
+whose description is ``REPORT`` and a JSON value, after which its process ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import httpx
+import pytest
+
+from conftest import API_KEY, TEST_REPO
+from nnhost.execution.job_process import TEST_MAGIC, TEST_SEPARATOR
+from nnhost.testing import ServerProcess
+
+from .helpers import MODEL_KEY, assert_serving, serialized_request
+
+MiB = 1024 * 1024
+SECRET = "nnhost-iso-secret-" + secrets.token_hex(8)
+
+pytestmark = pytest.mark.skipif(
+    not (sys.platform.startswith("linux") and os.geteuid() == 0),
+    reason="fork-per-job containment needs Linux and root",
+)
+
+PRELUDE = textwrap.dedent(
+    """
+    import json as _json, os as _os
+
+    def report(value):
+        channel.send({"type": "event", "job_id": spec.job_id, "status": "ERROR",
+                      "description": "REPORT" + _json.dumps(value, default=repr)})
+        _os._exit(0)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def iso_server(root, server_hf_home, test_snapshot):
+    process = ServerProcess(
+        [TEST_REPO],
+        data_dir=root / "isolation-data",
+        hf_home=server_hf_home,
+        api_key=API_KEY,
+        extra_args=["--time-limit", "6", "--kill-grace", "2"],
+        env={
+            "NNHOST_UNSAFE_TEST_HOOKS": "true",
+            "NNHOST_JOB_MEMORY_BYTES": str(512 * MiB),
+            "NNHOST_SCRATCH_BYTES": str(64 * MiB),
+            "NNHOST_TEST_SECRET": SECRET,
+        },
+    )
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def mallory(iso_server) -> str:
+    """A second user: the hostile one. The admin is the next user, through the client."""
+    made = subprocess.run(
+        [sys.executable, "-m", "nnhost.cli", "keys", "create", "--email", "mallory@example.org",
+         "--data-dir", str(iso_server.data_dir)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "HF_HOME": str(iso_server.hf_home)},
+    )
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def local_reference(local_model):
+    from .helpers import normal_program
+
+    return normal_program(local_model, False)
+
+
+@pytest.fixture
+def next_user_is_served(iso_server, remote_model, local_reference):
+    yield iso_server
+    assert_serving(iso_server, remote_model, local_reference)
+
+
+def submit_hostile(server, key: str, source: str, remote_model) -> str:
+    blob = TEST_MAGIC + (PRELUDE + textwrap.dedent(source)).encode() + TEST_SEPARATOR
+    blob += serialized_request(remote_model)
+    response = httpx.post(
+        f"{server.url}/request",
+        data={"data": json.dumps({"model_key": MODEL_KEY, "compress": False})},
+        files={"blob": ("request", blob, "application/octet-stream")},
+        headers={"ndif-api-key": key, "nnsight-version": "0.8.1"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["id"]
+
+
+def hostile(server, key: str, source: str, remote_model) -> dict:
+    job_id = submit_hostile(server, key, source, remote_model)
+    final = _wait(server, key, job_id)
+    final["id"] = job_id
+    return final
+
+
+def _wait(server, key, job_id, timeout=60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        latest = httpx.get(f"{server.url}/response/{job_id}", headers={"ndif-api-key": key}, timeout=10).json()
+        if latest.get("status") in ("COMPLETED", "ERROR"):
+            return latest
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not finish")
+
+
+def reported(final: dict):
+    description = final.get("description", "")
+    assert description.startswith("REPORT"), final
+    return json.loads(description[len("REPORT"):])
+
+
+def job_logs(server, job_id: str) -> list[str]:
+    connection = sqlite3.connect(f"file:{server.data_dir / 'nnhost.sqlite3'}?mode=ro", uri=True)
+    try:
+        return [row[0] for row in connection.execute(
+            "SELECT line FROM job_logs WHERE job_id = ? ORDER BY rowid", (job_id,))]
+    finally:
+        connection.close()
+
+
+class TestStateLeftForTheNextUser:
+    LEAVE = """
+        import torch
+        from torch.nn.modules import module as torch_module
+        from torch.overrides import TorchFunctionMode
+        stolen = []
+        kept = ["PROMPT-OF-MALLORY-%s"]
+
+        class Zero(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                return out * 0 if torch.is_tensor(out) and out.is_floating_point() else out
+
+        def grads():
+            for p in model._module.parameters():
+                p.grad = torch.full_like(p, 7.0)
+
+        def library():
+            global lib
+            lib = torch.library.Library("aten", "IMPL")
+            lib.impl("add.Tensor", lambda a, b, alpha=1: torch.zeros_like(a), "CPU")
+
+        def scratch():
+            with open("/tmp/mallory-was-here", "w") as f:
+                f.write("PROMPT-OF-MALLORY-%s")
+
+        steps = [
+            lambda: torch_module.register_module_forward_hook(lambda m, i, o: stolen.append(i)),
+            lambda: torch_module.register_module_forward_pre_hook(
+                lambda m, i: tuple(x * 0 if torch.is_tensor(x) and x.is_floating_point() else x for x in i)),
+            lambda: Zero().__enter__(),
+            library,
+            grads,
+            lambda: setattr(model._module.generation_config, "max_new_tokens", 1),
+            lambda: model.tokenizer.add_tokens(["MALLORYTOKEN"]),
+            scratch,
+            lambda: torch.set_default_device("meta"),
+        ]
+        done = []
+        for step in steps:
+            try:
+                step()
+                done.append(True)
+            except Exception as error:
+                done.append(repr(error))
+        report(done)
+    """
+
+    CHECK = """
+        import torch, gc, os
+        from torch.nn.modules import module as torch_module
+        backwards = "%s"[::-1]
+
+        def _is_marker(x):
+            # Never builds the marker itself: this namespace must not hold one.
+            return type(x) is str and x.startswith("PROMPT-OF-MALLORY-") and x[18:] == backwards[::-1]
+
+        def _holds(o, marker=None):
+            try:
+                if type(o) is list:
+                    return any(_is_marker(x) for x in o)
+                if type(o) is dict:
+                    return any(_is_marker(x) for x in o.values())
+            except Exception:
+                pass
+            return False
+
+        report({
+            "tmp": sorted(os.listdir("/tmp")),
+            "forward hooks": len(torch_module._global_forward_hooks),
+            "pre hooks": len(torch_module._global_forward_pre_hooks),
+            "function modes": torch._C._len_torch_function_stack(),
+            "default device": str(torch.get_default_device()),
+            "grads": sum(p.grad is not None for p in model._module.parameters()),
+            "add": torch.add(torch.ones(2), torch.ones(2)).tolist(),
+            "max_new_tokens": getattr(model._module.generation_config, "max_new_tokens", None),
+            "token": "MALLORYTOKEN" in model.tokenizer.get_vocab(),
+            "seen": sum(1 for o in gc.get_objects() if _holds(o)),
+        })
+    """
+
+    def test_nothing_a_job_changes_reaches_the_next_job(self, next_user_is_served, mallory, remote_model):
+        nonce = secrets.token_hex(4)
+        first = hostile(next_user_is_served, mallory, self.LEAVE % (nonce, nonce), remote_model)
+        assert reported(first) == [True] * 9, first  # every change was made
+        found = reported(hostile(next_user_is_served, mallory, self.CHECK % nonce[::-1], remote_model))
+        assert found["tmp"] in ([], [".nnhost-etc"]), found
+        assert found["forward hooks"] == 0 and found["pre hooks"] == 0, found
+        assert found["function modes"] == 0 and found["default device"] == "cpu", found
+        assert found["grads"] == 0 and found["add"] == [2.0, 2.0], found
+        assert found["max_new_tokens"] != 1 and not found["token"], found
+        assert found["seen"] == 0, found
+
+
+class TestProcessesAndThreadsDieWithTheJob:
+    SOURCE = """
+        import _thread, ctypes, os, time
+        libc = ctypes.CDLL(None)
+        def named(name):
+            libc.prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME
+        def linger():
+            named("%s-thr")
+            while True:
+                time.sleep(0.1)
+        _thread.start_new_thread(linger, ())
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                named("%s-dmn")
+                while True:
+                    time.sleep(0.1)
+            os._exit(0)
+        time.sleep(0.3)
+    """
+
+    def test_no_thread_or_daemon_outlives_its_job(self, next_user_is_served, mallory, remote_model):
+        marker = "ev" + secrets.token_hex(4)
+        final = hostile(next_user_is_served, mallory, self.SOURCE % (marker, marker), remote_model)
+        assert final["status"] == "COMPLETED", final
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            left = _tasks_named(marker)
+            if not left:
+                break
+            time.sleep(0.1)
+        assert left == [], left
+
+
+def _tasks_named(prefix: str) -> list[str]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/comm") as file:
+                    if file.read().startswith(prefix):
+                        found.append(f"{pid}/{tid}")
+        except OSError:
+            continue
+    return found
+
+
+class TestAnotherJobsPayloadAndResult:
+    SOURCE = """
+        import os, select
+        # Tell the replica "idle" / "ready" again and hope to be handed the next job.
+        channel.send({"type": "ready"})
+        channel.send({"type": "idle", "job_id": spec.job_id})
+        got = []
+        ready, _, _ = select.select([channel.sock], [], [], 3)
+        if ready:
+            try:
+                message, fds = channel.recv()
+                got.append([message, len(fds)])
+            except Exception as error:
+                got.append(repr(error))
+        report({"got": got, "processes": sorted(p for p in os.listdir("/proc") if p.isdigit())})
+    """
+
+    def test_a_job_cannot_be_handed_the_next_job(self, next_user_is_served, mallory, remote_model,
+                                                 local_reference):
+        from compare import assert_same
+
+        from .helpers import normal_program
+
+        job_id = submit_hostile(next_user_is_served, mallory, self.SOURCE, remote_model)
+        victim = {}
+
+        def run_victim():
+            victim["values"] = normal_program(remote_model, next_user_is_served.url)
+
+        thread = threading.Thread(target=run_victim)
+        thread.start()
+        thread.join(timeout=60)
+        assert_same(victim["values"], local_reference)
+        final = _wait(next_user_is_served, mallory, job_id)
+        assert final["status"] == "ERROR", final
+        # The forged "ready" broke the protocol: the process was stopped, and had received nothing.
+        assert "broke the server's protocol" in final["description"] or reported(final)["got"] == [], final
+
+
+class TestForgedEvents:
+    CASES = {
+        "completed for another job": """
+            channel.send({"type": "event", "job_id": OTHER, "status": "RUNNING", "description": ""})
+            channel.send({"type": "event", "job_id": OTHER, "status": "COMPLETED",
+                          "description": "forged", "result_size": 3})
+        """,
+        "completed before running": """
+            channel.send({"type": "event", "job_id": spec.job_id, "status": "COMPLETED",
+                          "description": "forged", "result_size": 0})
+        """,
+        "running twice": """
+            for _ in range(2):
+                channel.send({"type": "event", "job_id": spec.job_id, "status": "RUNNING", "description": ""})
+        """,
+        "garbage": """
+            channel.sock.send(b"\\xff\\x00 not json {")
+        """,
+        "huge": """
+            try:
+                channel.sock.send(b"[" * 300000)
+            except OSError:
+                channel.sock.send(b"[" * 200000)
+        """,
+        "descriptors": """
+            import socket, array
+            channel.sock.sendmsg([b'{"type": "event"}'],
+                                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1]))])
+        """,
+        "lying result size": """
+            channel.send({"type": "event", "job_id": spec.job_id, "status": "RUNNING", "description": ""})
+            channel.send({"type": "event", "job_id": spec.job_id, "status": "COMPLETED",
+                          "description": "forged", "result_size": 123456})
+        """,
+        "unknown status": """
+            channel.send({"type": "event", "job_id": spec.job_id, "status": "QUEUED", "description": ""})
+        """,
+    }
+
+    @pytest.mark.parametrize("case", sorted(CASES))
+    def test_a_forged_event_fails_only_the_forger(self, case, next_user_is_served, mallory, remote_model):
+        from .helpers import run_blob
+
+        # An earlier, finished job of the next user: the forger tries to rewrite its end.
+        earlier = run_blob(next_user_is_served, serialized_request(remote_model))
+        assert earlier["status"] == "COMPLETED", earlier
+        other = earlier["id"]
+        source = f"OTHER = {other!r}\n" + textwrap.dedent(self.CASES[case]) + "\nimport time; time.sleep(3)\n"
+        final = hostile(next_user_is_served, mallory, source, remote_model)
+        assert final["status"] == "ERROR", final
+        assert "broke the server's protocol" in final["description"], final
+        again = httpx.get(f"{next_user_is_served.url}/response/{other}",
+                          headers={"ndif-api-key": API_KEY}, timeout=10).json()
+        assert again["status"] == "COMPLETED" and again["description"] == earlier["description"], again
+
+
+class TestMemoryBySharedMappings:
+    SOURCE = """
+        import mmap
+        size = 768 * 2**20
+        shared = mmap.mmap(-1, size, mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
+        for offset in range(0, size, mmap.PAGESIZE):
+            shared[offset] = 1
+        report({"survived": True})
+    """
+
+    def test_a_shared_mapping_over_the_limit_ends_the_job(self, next_user_is_served, mallory, remote_model):
+        final = hostile(next_user_is_served, mallory, self.SOURCE, remote_model)
+        assert final["status"] == "ERROR", final
+        assert "ran out of the memory" in final["description"], final
+
+
+class TestOutputIntoTheServerLog:
+    SOURCE = """
+        import os, warnings
+        warnings.warn("%s-warning " + "x" * (2 * 2**20))
+        os.write(2, b"%s-native\\n")
+        os.write(1, b"%s-stdout\\n")
+    """
+
+    def test_stdout_and_stderr_go_to_the_jobs_log_only(self, next_user_is_served, mallory, remote_model):
+        marker = "forged-log-" + secrets.token_hex(4)
+        final = hostile(next_user_is_served, mallory, self.SOURCE % (marker, marker, marker), remote_model)
+        assert final["status"] == "COMPLETED", final
+        server_log = next_user_is_served.log_path.read_bytes()
+        assert marker.encode() not in server_log
+        lines = job_logs(next_user_is_served, final["id"])
+        assert any(f"{marker}-native" in line for line in lines), lines[:5]
+        assert any(f"{marker}-stdout" in line for line in lines), lines[:5]
+        assert any(f"{marker}-warning" in line for line in lines), [line[:80] for line in lines[:5]]
+        assert max(len(line) for line in lines) < 10_000
+
+
+class TestTheOperatorKey:
+    SOURCE = """
+        import os, sys
+        wanted = [(%r.encode(), %r.encode()), (%r.encode(), %r.encode()), (b"nnhost-ctl-", b"planted")]
+        # A control: the same search must find this, planted in our own memory.
+        planted = bytearray(wanted[2][0]) + bytearray(wanted[2][1])
+        places = []
+        def look(name, data):
+            # Never joins the halves: this process must not hold the key itself.
+            if isinstance(data, str):
+                data = data.encode()
+            for which, (head, tail) in enumerate(wanted):
+                at = data.find(head)
+                while at >= 0:
+                    if data[at + len(head):at + len(head) + len(tail)] == tail:
+                        places.append([which, name])
+                        break
+                    at = data.find(head, at + 1)
+        look("sys.argv", " ".join(sys.argv))
+        look("os.environ", repr(dict(os.environ)))
+        for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+            for name in ("cmdline", "environ"):
+                try:
+                    look(f"/proc/{pid}/{name}", open(f"/proc/{pid}/{name}", "rb").read())
+                except OSError:
+                    pass
+        import ctypes
+        with open("/proc/self/maps") as maps:
+            regions = [line.split() for line in maps]
+        for fields in regions:
+            path = fields[5] if len(fields) > 5 else ""
+            # Private writable and anonymous memory: where a key would be
+            # (libraries' own pages come from disk, the weights are sealed).
+            if "r" not in fields[1] or path.startswith("[v") or path.startswith("/memfd:nnhost"):
+                continue
+            if path.startswith("/") and "w" not in fields[1]:
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            chunk = 8 * 2**20
+            for offset in range(start, end, chunk):
+                look("memory " + path, ctypes.string_at(offset, min(chunk + 256, end - offset)))
+        report({"places": places, "argv": sys.argv})
+    """
+
+    def test_the_key_is_nowhere_in_the_jobs_process(self, next_user_is_served, mallory, remote_model):
+        # Split so that this snippet's own source (in the job's memory) does not contain them.
+        key_parts = (API_KEY[:12], API_KEY[12:])
+        secret_parts = (SECRET[:10], SECRET[10:])
+        source = self.SOURCE % (*key_parts, *secret_parts)
+        found = reported(hostile(next_user_is_served, mallory, source, remote_model))
+        assert [p for p in found["places"] if p[0] != 2] == [], found
+        assert any(p[0] == 2 and p[1].startswith("memory") for p in found["places"]), found
+        assert "--api-key" not in " ".join(found["argv"]), found
