@@ -104,7 +104,7 @@ class Deployment:
 
     def idle_replica(self) -> Optional[LocalReplica]:
         for replica in self.replicas:
-            if replica.health().state == "RUNNING" and not replica.busy:
+            if replica.health().state == "RUNNING" and replica.accepting:
                 return replica
         return None
 

@@ -73,6 +73,8 @@ class Replica(Protocol):
     def health(self) -> ReplicaState: ...
     @property
     def busy(self) -> bool: ...
+    @property
+    def accepting(self) -> bool: ...
 
 
 def _signal_name(exitcode: Optional[int]) -> str:
@@ -121,7 +123,13 @@ class LocalReplica(JobProcesses):
 
     @property
     def busy(self) -> bool:
-        return self._current is not None or self._spare is None
+        """Running a job (eviction and the queue's estimates ask this)."""
+        return self._current is not None
+
+    @property
+    def accepting(self) -> bool:
+        """Free, with a job process forked and contained, waiting for a job."""
+        return self._current is None and self._spare is not None
 
     def health(self) -> ReplicaState:
         return self._state

@@ -133,6 +133,11 @@ class JobProcesses:
             self._drain_log(slot, pending)
             if checked.status == "ERROR":
                 discard_result(slot.job)
+            # Free before telling anyone: a client that has its result may at once ask
+            # to evict the model, and must not find the replica still "busy".
+            with self._lock:
+                if self._current is slot:
+                    self._current = None
             self._on_job_event(checked)
             self._job_done(slot)
             return slot.reusable
