@@ -70,8 +70,8 @@ def module_inputs(model, remote):
 @program
 def shapes(model, remote):
     with model.trace(PROMPT, remote=remote):
-        shape = model.lm_head.output.shape.save()
         size = model.transformer.h[0].mlp.output.size().save()
+        shape = model.lm_head.output.shape.save()
         dims = model.lm_head.output.dim().save()
     return {"shape": shape, "size": size, "dims": dims}
 
@@ -418,7 +418,7 @@ def shipped_local_function(model, remote):
 @program
 def zero_a_position(model, remote):
     with model.trace(PROMPT, remote=remote):
-        model.transformer.h[0].output[0][:, -1, :] = 0
+        model.transformer.h[0].output[:, -1, :] = 0
         logits = model.lm_head.output.save()
     return {"logits": logits}
 
@@ -464,12 +464,9 @@ def batch_of_prompts(model, remote):
 
 @program
 def patch_between_invokes(model, remote):
-    with model.trace(remote=remote) as tracer:
-        with tracer.invoke(PROMPT):
-            clean = model.transformer.h[1].mlp.output[:, -1].clone()
-        with tracer.invoke(OTHER):
-            model.transformer.h[1].mlp.output[:, -1] = clean
-            patched = model.lm_head.output[:, -1].save()
+    with model.trace(OTHER, remote=remote):
+        model.transformer.h[1].mlp.output[:, -1] = model.transformer.h[0].mlp.output[:, -1]
+        patched = model.lm_head.output[:, -1].save()
     return {"patched": patched}
 
 
@@ -490,9 +487,9 @@ def session_with_numpy(model, remote):
 
     with model.session(remote=remote):
         with model.trace(PROMPT):
-            a = model.transformer.h[0].mlp.output[0].numpy()
+            a = model.transformer.h[0].mlp.output[0, -1].numpy()
         with model.trace(OTHER):
-            b = model.transformer.h[0].mlp.output[0].numpy()
+            b = model.transformer.h[0].mlp.output[0, -1].numpy()
             distance = np.linalg.norm(a - b, axis=-1).save()
             shape = model.output.logits.shape.save()
     return {"distance": distance, "shape": shape}
@@ -524,13 +521,13 @@ def gradient_of_activation(model, remote):
 def gradient_norms(model, remote):
     with model.trace(PROMPT, remote=remote):
         first = model.transformer.h[0].mlp.output
-        second = model.transformer.h[1].mlp.output
         first.requires_grad = True
         loss = model.lm_head.output[0, -1].logsumexp(dim=-1)
         with loss.backward():
-            g2 = second.grad.norm(dim=-1).save()
-            g1 = first.grad.save()
-    return {"g1": g1, "g2": g2}
+            grad = first.grad
+            norms = grad.norm(dim=-1).save()
+            largest = grad.abs().max().item().save()
+    return {"norms": norms, "largest": largest}
 
 
 # --- generation --------------------------------------------------------------------
@@ -564,10 +561,11 @@ def generate_iter_shapes(model, remote):
 @program
 def generate_intervene_each_step(model, remote):
     with model.generate(PROMPT, max_new_tokens=3, remote=remote) as tracer:
+        tops = list().save()
         for step in tracer.iter[:]:
             model.transformer.h[0].mlp.output[:, -1] = 0
-        output = tracer.result.save()
-    return {"output": output}
+            tops.append(model.lm_head.output[0, -1].topk(2))
+    return {"tops": tops}
 
 
 @program
