@@ -106,7 +106,7 @@ class _DictSnapshot:
                 # Written by the interpreter itself (copyreg, warnings), or a
                 # submodule the import system bound on its package.
                 continue
-            if key not in self.quiet:
+            if key not in self.quiet and not _inherited(self.owner, key, namespace[key]):
                 changed.append(f"added {key}")
             _delete(self.owner, namespace, key)
         for key, value in self.items.items():
@@ -146,6 +146,22 @@ class _All(frozenset):
 
 def _same(a: Any, b: Any) -> bool:
     return a is b or (type(a) is type(b) and type(a) in _PRIMITIVES and a == b)
+
+
+def _inherited(owner: Any, key: str, value: Any) -> bool:
+    """Whether ``value``, newly in a class's dict, is what its bases give it anyway.
+
+    Lookup on the class then finds the same object as before, so nothing
+    changed: nnsight's backward tracing, for one, puts ``torch.Tensor.grad``
+    back by assigning the descriptor the class inherits, which leaves it in
+    ``Tensor``'s own dict. Removing it is still right; reporting it is not.
+    """
+    if not isinstance(owner, type):
+        return False
+    for base in owner.__mro__[1:]:
+        if key in base.__dict__:
+            return base.__dict__[key] is value
+    return False
 
 
 def _namespace(owner: Any) -> Optional[dict]:

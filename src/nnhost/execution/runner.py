@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 import signal
 import sys
 import sysconfig
 import threading
 import time
 import traceback
+import types
 from contextlib import contextmanager, nullcontext
 from types import TracebackType
 from typing import Any, Callable, Iterator, Optional
@@ -212,25 +214,30 @@ def forget_sources() -> Iterator[None]:
 # --- results ----------------------------------------------------------------
 
 
-def _detach(value: Any) -> Any:
-    """Values as the client can load them: tensors detached from the server's graph.
+_PROTOCOL = 4
 
-    A saved activation may still hang off this run's autograd graph (a user
-    opted into gradients); pickling it would drag the graph along, or fail.
+
+class _DetachingPickler(pickle.Pickler):
+    """Pickles saved values as they are, with tensors cut off the server's autograd graph.
+
+    A saved activation may still hang off this run's graph (a user opted into
+    gradients); pickling it as is would drag the graph along, or fail. The
+    values themselves are never rebuilt: a model output class, a
+    ``torch.Size``, a named tuple or a dataclass goes out as that type, since
+    the client loads the blob with a full unpickler (``torch.load`` with
+    ``weights_only=False`` in nnsight's ``RemoteBackend``).
     """
-    import torch
 
-    if isinstance(value, torch.Tensor):
-        if value.requires_grad and not value.is_leaf:
-            return value.detach().requires_grad_(True)
-        return value
-    if isinstance(value, dict):
-        return {key: _detach(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_detach(item) for item in value]
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_detach(item) for item in value)
-    return value
+    def reducer_override(self, obj: Any) -> Any:
+        import torch
+
+        if isinstance(obj, torch.Tensor) and obj.requires_grad and not obj.is_leaf:
+            return obj.detach().requires_grad_(True).__reduce_ex__(_PROTOCOL)
+        return NotImplemented
+
+
+#: What `torch.save` takes as its ``pickle_module``: only its Pickler is used.
+_PICKLE_MODULE = types.SimpleNamespace(Pickler=_DetachingPickler, __name__="nnhost_pickle")
 
 
 def serialize_result(saves: dict, compress: bool) -> bytes:
@@ -238,7 +245,7 @@ def serialize_result(saves: dict, compress: bool) -> bytes:
     import torch
 
     buffer = io.BytesIO()
-    torch.save({name: _detach(value) for name, value in saves.items()}, buffer, pickle_protocol=4)
+    torch.save(dict(saves), buffer, pickle_module=_PICKLE_MODULE, pickle_protocol=_PROTOCOL)
     data = buffer.getvalue()
     if compress:
         import zstandard
@@ -283,6 +290,11 @@ class Runner:
             from .fresh_memory import prepare
 
             prepare()  # storage constructors patched before any user code can reach them
+            from .sandbox import preload_lazy_submodules
+
+            # Before the guard's snapshot (taken after this), and so that a
+            # fresh worker's first np.median costs what a warm one's does.
+            preload_lazy_submodules(unpickler.policy)
 
     def run(self, spec: JobSpec, emit: Emit) -> bool:
         """Run ``spec`` to completion, reporting RUNNING, LOG, then COMPLETED or ERROR.

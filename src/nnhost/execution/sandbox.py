@@ -38,6 +38,7 @@ from __future__ import annotations
 import ast
 import builtins as _builtins
 import contextlib
+import dis
 import sys
 import threading
 import types
@@ -293,6 +294,17 @@ def guarded_builtins(policy: SandboxPolicy) -> dict:
     def __import__(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A001
         if level:
             raise ImportRefused("relative imports are not available on this server")
+        if not fromlist and not _written_import(sys._getframe(1)):
+            # A library's C code importing on its own behalf (numpy's ``ndarray.mean``
+            # loading ``numpy._core._methods``) calls the current frame's
+            # ``__import__``, which is ours when that frame is user code. Its
+            # package must still be one the user may import; the submodule is
+            # the package's business. Only the package itself is returned (the
+            # caller reads the submodule from ``sys.modules``), so this path
+            # hands user code nothing it could not import itself.
+            if name.split(".")[0] not in policy.roots:
+                policy.check_import(name)
+            return real_import(name, None, None, (), 0)
         policy.check_import(name)
         for item in fromlist or ():
             if item == "*":
@@ -329,6 +341,61 @@ def guarded_builtins(policy: SandboxPolicy) -> dict:
         __import__=__import__, getattr=getattr, hasattr=hasattr, setattr=setattr, delattr=delattr
     )
     return namespace
+
+
+_IMPORT_NAME = dis.opmap["IMPORT_NAME"]
+
+
+def _written_import(frame: Any) -> bool:
+    """Whether ``frame`` is executing an ``import`` statement (not a call into a library).
+
+    The interpreter calls ``__import__`` from the ``IMPORT_NAME`` instruction of
+    the frame whose code says ``import``; a C function that imports (through
+    ``PyImport_Import``) runs while its caller's frame is on a call instruction.
+    """
+    code = frame.f_code.co_code
+    offset = frame.f_lasti
+    return 0 <= offset < len(code) and code[offset] == _IMPORT_NAME
+
+
+#: Submodules allowed packages import lazily on first use of a function; loaded
+#: when a worker starts so that first use in a fresh process costs no import.
+LAZY_SUBMODULES: tuple[str, ...] = (
+    "numpy._core._methods",
+    "numpy._core._internal",
+    "numpy._core._exceptions",
+    "numpy._core._dtype",
+    "numpy._core.arrayprint",
+    "numpy.linalg",
+    "numpy.fft",
+    "numpy.random",
+    "numpy.lib._function_base_impl",
+    "numpy.lib._nanfunctions_impl",
+    "torch._tensor_str",
+    "torch.distributions",
+    "torch.linalg",
+    "torch.fft",
+    "torch.special",
+    "einops",
+    "einops._backends",
+    "sympy",
+)
+
+
+def preload_lazy_submodules(policy: SandboxPolicy) -> list[str]:
+    """Import `LAZY_SUBMODULES` of the allowed packages now; the names that loaded."""
+    import importlib
+
+    loaded = []
+    for name in LAZY_SUBMODULES:
+        if name.split(".")[0] not in policy.roots:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:  # an optional package not installed: first use will say so
+            continue
+        loaded.append(name)
+    return loaded
 
 
 def install_builtins(namespace: dict, builtins_dict: dict) -> None:
