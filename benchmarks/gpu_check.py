@@ -180,19 +180,51 @@ def programs() -> tuple[str, list[tuple[str, Callable]]]:
 
 
 def to_cpu(value: Any) -> Any:
+    """The same value with every tensor in it on the CPU, every container's type kept."""
+    import copy
+    import types
+
     import torch
 
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
+    if isinstance(value, torch.Size) or isinstance(value, (str, bytes, int, float, type(None))):
+        return value
     if isinstance(value, dict):
-        return {k: to_cpu(v) for k, v in value.items()}
+        moved = copy.copy(value)
+        for key in value:
+            moved[key] = to_cpu(value[key])
+        return moved
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)._make(to_cpu(item) for item in value)
     if isinstance(value, (list, tuple)):
-        return type(value)(to_cpu(v) for v in value)
+        return type(value)(to_cpu(item) for item in value)
+    if hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType, types.FunctionType)):
+        moved = copy.copy(value)
+        moved.__dict__.update({key: to_cpu(item) for key, item in vars(value).items()})
+        return moved
     return value
 
 
 def same(remote: Any, local: Any) -> Optional[str]:
-    """None when equal (tensors close for their dtype), else what differs."""
+    """None when equal, else what differs.
+
+    The suite's own type-exact comparison (``tests/compare.py``) when the tests
+    are beside this script, so a GPU run checks what the CPU suite checks;
+    otherwise a structural one of our own (tensors close for their dtype).
+    """
+    try:
+        from compare import assert_identical  # type: ignore
+    except ImportError:
+        return _same_structure(remote, local)
+    try:
+        assert_identical(remote, local)
+    except AssertionError as error:
+        return str(error).splitlines()[0] if str(error) else "differs"
+    return None
+
+
+def _same_structure(remote: Any, local: Any) -> Optional[str]:
     import torch
 
     if isinstance(local, torch.Tensor):
@@ -207,7 +239,7 @@ def same(remote: Any, local: Any) -> Optional[str]:
         if not isinstance(remote, dict) or remote.keys() != local.keys():
             return "different keys"
         for key in local:
-            problem = same(remote[key], local[key])
+            problem = _same_structure(remote[key], local[key])
             if problem:
                 return f"{key}: {problem}"
         return None
@@ -215,7 +247,7 @@ def same(remote: Any, local: Any) -> Optional[str]:
         if len(remote) != len(local):
             return "different lengths"
         for index, (a, b) in enumerate(zip(remote, local)):
-            problem = same(a, b)
+            problem = _same_structure(a, b)
             if problem:
                 return f"[{index}]: {problem}"
         return None

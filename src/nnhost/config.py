@@ -105,7 +105,7 @@ class Settings(BaseSettings):
     max_request_bytes: Size = 256 * MiB
     #: Seconds a result (and the job's LOG lines) stays downloadable.
     result_retention: Duration = 24 * 3600.0
-    #: Threads torch may use in each worker (0: torch's default).
+    #: Threads torch may use in each job (0: the cores less one, split between the replicas).
     torch_threads: int = Field(0, ge=0)
     #: Largest number of LOG lines kept and forwarded from one job.
     max_log_lines: int = Field(10_000, ge=0)

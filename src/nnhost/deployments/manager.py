@@ -32,6 +32,7 @@ from ..units import format_size
 from ..execution.worker import WorkerOptions
 from .catalog import Catalog, ModelKey, ModelSpec
 from .replica import LocalReplica
+from .sizing import threads_per_job
 
 OnJobEvent = Callable[[str, JobEvent], None]
 OnChange = Callable[[str], None]
@@ -135,7 +136,7 @@ class DeploymentManager:
         self._on_change = on_change
         self._has_work = has_work
         self._environ = dict(worker_environ)
-        self._torch_threads = torch_threads
+        self._torch_threads = threads_per_job(torch_threads, sum(spec.replicas for spec in catalog))
         self._kill_grace = kill_grace
         self.budgets = dict(budgets)
         self.deployments: dict[str, Deployment] = {spec.name: Deployment(spec) for spec in catalog}

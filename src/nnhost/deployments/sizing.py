@@ -135,3 +135,23 @@ def device_shares(
         shares[target] = shares.get(target, 0) + size
     return shares
 
+
+
+def threads_per_job(requested: int, concurrent_jobs: int, cores: Optional[int] = None) -> int:
+    """How many threads torch may use in each job process.
+
+    Every replica runs one job at a time, and they all share the machine with
+    the API process. Giving each job all the cores (torch's own default)
+    oversubscribes them as soon as two jobs, or a job and the API, run at once:
+    OpenMP's spinning threads then wait on descheduled peers, and throughput
+    under load fell to a third. So, unless the operator asked for a number, the
+    cores minus one for the API are split evenly between the jobs that can run
+    at once, never fewer than one each.
+    """
+    if requested > 0:
+        return requested
+    if cores is None:
+        import os
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, (cores - 1) // max(1, concurrent_jobs))
