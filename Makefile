@@ -32,9 +32,7 @@ test: install
 	$(BIN)/python -m pytest -q $(ARGS)
 
 bench: install
-	$(BIN)/python benchmarks/overhead.py
-	$(BIN)/python benchmarks/containment.py
-	$(BIN)/python benchmarks/hotswap.py
+	$(BIN)/python benchmarks/suite.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) nnhost-data
