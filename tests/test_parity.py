@@ -7,14 +7,14 @@ identical in type at every nesting level and equal in contents
 notice about changes to the shared model: none of these programs changes it.
 
 Fresh and warm workers: libraries import parts of themselves on first use
-(numpy's ``_methods`` on the first ``.mean()``), so a program can work in a
-warm worker and fail in a new one, or the reverse. The programs run twice
-against a server of their own that has run nothing else: the ``fresh`` pass
-goes first, in list order, so each program is the first in its worker to use
-whatever no earlier program used; the ``warm`` pass then repeats every one in
-a worker that has run them all. Restarting the worker before every program
-would cost a model load per program (minutes for the file on CI); the
-dedicated server gives the first-use coverage for the price of one start.
+(numpy's ``_methods`` on the first ``.mean()``), so a program could work after
+another one and fail on its own. Each job runs in a process forked from the
+replica's host, so what one job imports is gone for the next; what a job finds
+is what the host loaded (it preloads the usual lazy submodules and runs one
+request of its own). The programs run twice against a server of their own:
+the ``fresh`` pass goes first, in list order, on a host that has run nothing
+but its warm-up; the ``warm`` pass repeats every one after all of them ran, so
+a job that leaked state into the host would show as a difference.
 """
 
 from __future__ import annotations
