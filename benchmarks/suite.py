@@ -322,12 +322,17 @@ def commit() -> str:
         return ""
 
 
-def main(argv: Optional[list] = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The flags of ``make bench ARGS=...``; the README test reads them from here."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="fewer repeats and shorter windows (CI)")
     parser.add_argument("--clients", default="1,4,16", help="client process counts for throughput")
     parser.add_argument("--json", type=Path, default=ROOT / "test-output" / "bench.json")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = build_parser().parse_args(argv)
     repeats = 5 if args.quick else 30
     window = 4.0 if args.quick else 15.0
     counts = [int(part) for part in args.clients.split(",")]

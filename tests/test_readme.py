@@ -56,13 +56,24 @@ def test_quick_start_is_two_commands():
     assert [block.strip() for block in blocks] == ["make serve", "make test"]
 
 
+def _bench_parser():
+    """``make bench ARGS=...`` is the README's other command line."""
+    import importlib.util
+
+    path = README.parent / "benchmarks" / "suite.py"
+    spec = importlib.util.spec_from_file_location("nnhost_bench_suite", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_parser()
+
+
 def test_every_flag_named_exists_in_the_cli():
     import argparse
 
     from nnhost.cli import build_parser
 
     known: set[str] = set()
-    pending = [build_parser()]
+    pending = [build_parser(), _bench_parser()]
     while pending:
         parser = pending.pop()
         for action in parser._actions:
