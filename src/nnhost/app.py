@@ -31,6 +31,7 @@ from .jobs.service import JobService
 from .jobs.store import JobStore, connect
 from .models.hfcache import find_snapshot
 from .storage.results import BlobDir, LinkSigner
+from .telemetry.metrics import Metrics
 from .units import parse_size
 
 log = logging.getLogger("nnhost")
@@ -55,6 +56,7 @@ class Server:
     deployments: DeploymentManager
     access: Optional[Access] = None
     accounts: Optional[Accounts] = None
+    metrics: Optional[Metrics] = None
 
 
 def parse_model(text: str) -> ModelSpec:
@@ -154,6 +156,7 @@ def worker_environ(settings: Settings, catalog: Catalog) -> dict:
 def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
     from .api import accounts as account_pages
     from .api import admin, hub, protocol, service
+    from .api.middleware import RequestIds
 
     problem = settings_problem(settings)
     if problem:
@@ -198,11 +201,15 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
             torch_threads=settings.torch_threads,
             kill_grace=settings.kill_grace,
         )
-        jobs = JobService(settings, store, bus, scheduler, deployments, payloads, results, signer)
+        metrics = Metrics(deployments, scheduler.waiting, lambda: len(bus))
+        jobs = JobService(
+            settings, store, bus, scheduler, deployments, payloads, results, signer,
+            observers=[metrics.jobs],
+        )
         jobs.recover()
         app.state.server = Server(
             settings, catalog, keys, bus, scheduler, results, signer, jobs, deployments,
-            access=access, accounts=accounts,
+            access=access, accounts=accounts, metrics=metrics,
         )
         deployments.start()
 
@@ -238,6 +245,13 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
             connection.close()
 
     app = FastAPI(title="nnhost", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+
+    def count_response(method: str, route: str, code: str) -> None:
+        server = getattr(app.state, "server", None)
+        if server is not None and server.metrics is not None:
+            server.metrics.http.labels(method, route, code).inc()
+
+    app.add_middleware(RequestIds, count=count_response)
     app.include_router(protocol.router)
     app.include_router(service.router)
     app.include_router(admin.router)

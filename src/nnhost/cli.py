@@ -34,6 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
             "signup": args.signup,
             "memory_budget": ",".join(args.memory_budget) or None,
             "forwarded_allow_ips": args.forwarded_allow_ips,
+            "log_format": args.log_format,
         },
         Path(args.config) if args.config else None,
     )
@@ -43,6 +44,9 @@ def _serve(args: argparse.Namespace) -> int:
     if problem:
         print(f"nnhost serve: {problem}", file=sys.stderr)
         return 2
+    from .telemetry.logs import configure
+
+    configure(settings.log_format, args.log_level)
     # Workers, the Hub mirror and the demo builder must agree on one model cache.
     os.environ.setdefault("HF_HOME", str(settings.hf_home))
 
@@ -106,6 +110,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         log_level=args.log_level,
+        log_config=None,  # uvicorn writes through the handler `configure` set up
         ws_max_size=1 << 30,
         timeout_graceful_shutdown=10,
         # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told otherwise;
@@ -171,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="proxies whose X-Forwarded-For is believed, comma-separated (default none)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-format", default=None, choices=["text", "json"],
+                       help="server log lines: text (default) or one JSON object per line")
     serve.set_defaults(run=_serve)
 
     demo = commands.add_parser("demo-model", help="Build the offline demo model into the cache.")

@@ -133,6 +133,8 @@ class Settings(BaseSettings):
     allow_insecure: bool = False
     #: Who may make an account on the web pages: "open", "invite" (a code from the CLI) or "closed".
     signup: Literal["open", "invite", "closed"] = "open"
+    #: Server log lines: "text", or "json" (one object per line, with job and request ids).
+    log_format: Literal["text", "json"] = "text"
     #: Seconds a web login lasts.
     session_ttl: Duration = 14 * 24 * 3600.0
     #: Per-tag limits, from nnhost.toml's ``[limits.TAG]`` tables (see nnhost.auth.limits);

@@ -1,7 +1,8 @@
-"""Service endpoints: /status, /env, /whoami, /ping.
+"""Service endpoints: /status, /env, /whoami, /ping, /metrics.
 
 ``nnsight.status()`` and ``is_model_running()`` read /status, ``nnsight.compare()``
-reads /env, ``nnsight login`` / ``whoami`` read /whoami.
+reads /env, ``nnsight login`` / ``whoami`` read /whoami. ``/metrics`` is for
+Prometheus; like /status it is public and holds no user's data.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from functools import lru_cache
 from importlib.metadata import distributions, packages_distributions
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
+
+from ..telemetry.metrics import CONTENT_TYPE_LATEST
 
 from ..auth.access import Throttled
 from .deps import API_KEY_HEADER, client_address, server_of, too_many
@@ -78,3 +81,10 @@ async def whoami(request: Request) -> dict:
     if principal is None:
         return {"email": None, "tags": []}
     return {"email": principal.email, "tags": list(principal.tags)}
+
+
+@router.get("/metrics", include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    # On the event loop, like every change to what it reads: one consistent moment.
+    body = server_of(request).metrics.exposition()
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -31,6 +31,7 @@ from ..execution.events import JobEvent, JobSpec
 from ..units import format_size
 from ..execution.worker import WorkerOptions
 from .catalog import Catalog, ModelKey, ModelSpec
+from .incidents import Tally
 from .replica import LocalReplica
 from .sizing import threads_per_job
 
@@ -58,6 +59,8 @@ class Deployment:
     last_used: float = 0.0
     #: Why it is where it is (what was evicted for it, what it waits for).
     note: str = ""
+    #: What went wrong around its jobs since the server started (kept across restarts).
+    tally: Tally = field(default_factory=Tally)
 
     @property
     def name(self) -> str:
@@ -167,6 +170,7 @@ class DeploymentManager:
             on_state=lambda state: self._hop(self._on_change, spec.name),
             on_idle=lambda: self._hop(self._on_change, spec.name),
             kill_grace=self._kill_grace,
+            on_incident=deployment.tally.note,
         )
 
     @staticmethod

@@ -40,6 +40,7 @@ from ..execution.handoff import send_job
 from ..execution.job_process import describe_exit
 from ..execution.policy import WorkerPolicy
 from ..execution.worker import WorkerOptions, crash_hint
+from .incidents import Incident
 from .job_watch import JobWatch, LogLines
 from .slots import JobProcesses, Slot
 
@@ -63,6 +64,7 @@ class ReplicaState:
 OnJobEvent = Callable[[JobEvent], None]
 OnState = Callable[[ReplicaState], None]
 OnIdle = Callable[[], None]
+OnIncident = Callable[[Incident], None]
 
 
 class Replica(Protocol):
@@ -94,8 +96,10 @@ class LocalReplica(JobProcesses):
         on_idle: OnIdle,
         kill_grace: float = 10.0,
         restart_delay: float = 1.0,
+        on_incident: OnIncident = lambda kind: None,
     ) -> None:
         self.name = name
+        self._on_incident = on_incident
         self.options = options
         self._on_job_event = on_job_event
         self._on_state = on_state
@@ -324,6 +328,7 @@ class LocalReplica(JobProcesses):
             self._fail(current, f"{reason} The model's worker was restarted; you can resubmit your request.")
         if stopping or unhealthy_at_load:
             return
+        self._on_incident(Incident.WORKER_RESTART)
         self._set_state(ReplicaState("DEPLOYING", f"{reason} Restarting the worker."))
         with self._lock:
             self._restart_at = time.monotonic() + self._restart_delay
@@ -348,6 +353,7 @@ class LocalReplica(JobProcesses):
                 if job.time_limit <= 0:
                     continue
                 if time.monotonic() - slot.started - job.time_limit > self._kill_grace:
+                    self._on_incident(Incident.TIME_LIMIT_KILL)
                     self._kill_slot(slot, (
                         f"Your request exceeded this server's time limit of "
                         f"{job.time_limit:g} seconds and did not stop when interrupted, "

@@ -22,6 +22,7 @@ from ..execution.events import JobEvent, JobSpec
 from ..execution.handoff import discard_result
 from ..execution.job_process import describe_exit
 from ..execution.worker import crash_hint
+from .incidents import Incident
 from .job_watch import JobWatch, LogLines, Violation
 
 log = logging.getLogger("nnhost.replica")
@@ -192,6 +193,7 @@ class JobProcesses:
             job = slot.job
             if job is not None and slot.watch is not None and not slot.watch.finished:
                 slot.watch.finished = True
+                self._on_incident(Incident.PROTOCOL_VIOLATION)
                 self._fail(
                     slot,
                     f"Your request's process broke the server's protocol ({why}), so it was "
@@ -217,6 +219,10 @@ class JobProcesses:
             slot.watch.finished = True
             slot.exited.wait(2.0)
             reason = slot.kill_reason or self._kill_reason
+            if reason is None and not slot.out_of_memory:
+                self._on_incident(Incident.JOB_PROCESS_DIED)
+            elif slot.out_of_memory:
+                self._on_incident(Incident.OUT_OF_MEMORY)
             if reason is None:
                 code = slot.exit_code
                 reason = f"Your request's process stopped ({describe_exit(code)})." + crash_hint(code)

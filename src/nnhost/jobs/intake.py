@@ -100,6 +100,17 @@ def clean_text(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
+def one_line(text: str, limit: int = 200) -> str:
+    """Text for a server log line: its first line, shortened, control characters escaped.
+
+    Descriptions carry the user's own tracebacks; in the operator's log they must
+    not be able to start a line of their own.
+    """
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    first = first if len(first) <= limit else first[: limit - 3] + "..."
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in first)
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."

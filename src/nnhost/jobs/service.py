@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
 from ..auth.keys import Principal
 from ..config import Settings
@@ -29,8 +29,9 @@ from ..storage.results import BlobDir, LinkSigner
 from ..units import format_size
 from ..wire import Response
 from .events import EventBus
-from .intake import LogBudget, check_event, clean_text, event_job_id, runtime_of
+from .intake import LogBudget, check_event, clean_text, event_job_id, one_line, runtime_of
 from .job import Job, Status
+from .observer import JobObserver, Observers
 from .scheduler import Scheduler
 from .store import JobStore
 from .upkeep import Upkeep
@@ -65,8 +66,11 @@ class JobService(Upkeep):
         payloads: BlobDir,
         results: BlobDir,
         signer: LinkSigner,
+        observers: Iterable[JobObserver] = (),
     ) -> None:
         self.settings = settings
+        #: Told of every recorded change (metrics); never of LOG lines.
+        self.observers = Observers(observers)
         self.store = store
         self.bus = bus
         self.scheduler = scheduler
@@ -117,6 +121,7 @@ class JobService(Upkeep):
         # always has what it needs to run.
         await asyncio.to_thread(self.payloads.write, job.id, blob)
         self.store.create(job)
+        self._noted(job)
         self.scheduler.enqueue(
             deployment.name, principal.user_id, job.id, priority="priority" in principal.tags
         )
@@ -311,8 +316,18 @@ class JobService(Upkeep):
 
     def _record(self, job_id: str, status: Status, description: str, **fields) -> Job:
         job = self.store.transition(job_id, status, description, **fields)
+        self._noted(job)
         self._publish(job, status, description)
         return job
+
+    def _noted(self, job: Job) -> None:
+        """One log line per recorded status (the job's id in its fields), then the observers."""
+        log.info(
+            "job %s %s on %s: %s", job.id, job.status.value, job.deployment, one_line(job.description),
+            extra={"job_id": job.id, "status": job.status.value, "model": job.deployment,
+                   "user_id": job.user_id},
+        )
+        self.observers.job_changed(job)
 
     def _publish(self, job: Job, status: Status, description: str) -> None:
         if not job.session_id:

@@ -39,11 +39,11 @@ class Upkeep:
                 reason = "The server restarted and your request's payload was lost."
             else:
                 if job.status is Status.DISPATCHED:
-                    self.store.transition(job.id, Status.QUEUED, "Requeued after a server restart.")
+                    self._record(job.id, Status.QUEUED, "Requeued after a server restart.")
                 self.scheduler.enqueue(name, job.user_id, job.id)
                 continue
             # Never run twice what may already have run: the user decides.
-            self.store.transition(job.id, Status.ERROR, f"{reason} Please resubmit it.")
+            self._record(job.id, Status.ERROR, f"{reason} Please resubmit it.")
             self.payloads.delete(job.id, "started")
 
     async def drain(self, grace: float) -> None:
@@ -58,7 +58,7 @@ class Upkeep:
             # Stopped before it could finish: it never completed, so it runs again
             # after the restart (the started marker goes, so recovery requeues it).
             self._requeued.add(job.id)
-            self.store.transition(
+            self._record(
                 job.id, Status.QUEUED, "The server is restarting; your request will run again."
             )
             self.payloads.marker(job.id, "started").unlink(missing_ok=True)
