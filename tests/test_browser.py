@@ -66,12 +66,13 @@ def browser():
 class Camera:
     """Numbered full-page screenshots, in the order the pages were seen."""
 
-    def __init__(self) -> None:
+    def __init__(self, directory: Path = SHOTS) -> None:
         self.count = 0
+        self.directory = directory
 
     def __call__(self, page, name: str) -> Path:
         self.count += 1
-        path = SHOTS / f"{self.count:02d}-{name}.png"
+        path = self.directory / f"{self.count:02d}-{name}.png"
         page.screenshot(path=str(path), full_page=True)
         return path
 
@@ -104,8 +105,8 @@ def test_sign_up_make_a_key_use_it_see_the_job_and_revoke_it(server, browser, re
     page = context.new_page()
 
     # Sign up.
-    page.goto("/")
-    assert page.url.endswith("/login")
+    page.goto("/")  # the status page, with sign-up in its header
+    assert page.locator("[data-testid=models]").count() == 1
     page.click("nav >> text=Sign up")
     shot(page, "signup")
     page.fill("input[name=email]", EMAIL)

@@ -155,7 +155,7 @@ def worker_environ(settings: Settings, catalog: Catalog) -> dict:
 
 def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
     from .api import accounts as account_pages
-    from .api import admin, hub, protocol, service
+    from .api import admin, admin_page, hub, protocol, service, status_page
     from .api.middleware import RequestIds
 
     problem = settings_problem(settings)
@@ -255,6 +255,8 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
     app.include_router(protocol.router)
     app.include_router(service.router)
     app.include_router(admin.router)
+    app.include_router(status_page.router)
+    app.include_router(admin_page.router)
     account_pages.install(app)
 
     def resolve(repo_id: str, revision: Optional[str]) -> Optional[Path]:

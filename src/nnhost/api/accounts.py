@@ -57,11 +57,6 @@ def install(app: FastAPI) -> None:
 # -- signing up, in and out ---------------------------------------------------------
 
 
-@router.get("/")
-async def home(request: Request) -> Response:
-    return redirect("/keys" if viewer_of(request) else "/login")
-
-
 @router.get("/login")
 async def login_page(request: Request, next: str = "/keys") -> Response:
     viewer = viewer_of(request)

@@ -45,9 +45,13 @@ def _deployment(server, name: str):
 @router.post("/admin/deploy")
 async def deploy(body: DeployBody, request: Request) -> dict:
     require_admin(request)
-    server = server_of(request)
-    deployment = _deployment(server, body.model)
-    level = body.level.upper()
+    return deploy_model(server_of(request), body.model, body.level)
+
+
+def deploy_model(server, name: str, level: str) -> dict:
+    """Bring ``name`` to ``level`` (hot or warm); HTTPException when it cannot be."""
+    deployment = _deployment(server, name)
+    level = level.upper()
     if level not in (HOT, WARM):
         raise HTTPException(422, "level must be 'hot' or 'warm'.")
     if level == WARM and deployment.target == HOT:
@@ -70,8 +74,12 @@ async def deploy(body: DeployBody, request: Request) -> dict:
 @router.post("/admin/evict")
 async def evict(body: EvictBody, request: Request) -> dict:
     require_admin(request)
-    server = server_of(request)
-    deployment = _deployment(server, body.model)
+    return evict_model(server_of(request), body.model)
+
+
+def evict_model(server, name: str) -> dict:
+    """Make ``name`` COLD; HTTPException when it has work."""
+    deployment = _deployment(server, name)
     if deployment.busy or server.jobs.has_work(deployment.name):
         raise HTTPException(
             409,

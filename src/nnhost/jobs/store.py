@@ -97,10 +97,18 @@ class JobStore:
         ).fetchone()[0]
 
     def search(
-        self, *, user_id: Optional[int] = None, deployment: Optional[str] = None, limit: int = 100
+        self,
+        *,
+        user_id: Optional[int] = None,
+        deployment: Optional[str] = None,
+        status: Optional[Status] = None,
+        limit: int = 100,
     ) -> list[Job]:
-        """Most recent jobs first, optionally of one user and/or one deployment."""
+        """Most recent jobs first, optionally of one user, deployment and/or status."""
         clauses, values = [], []
+        if status is not None:
+            clauses.append("status = ?")
+            values.append(status.value)
         if user_id is not None:
             clauses.append("user_id = ?")
             values.append(user_id)

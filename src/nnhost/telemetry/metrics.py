@@ -27,6 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from ..deployments.incidents import Incident
 from ..deployments.manager import COLD, HOT, WARM, DeploymentManager
 from ..jobs.job import Job, Status
+from .recent import RecentJobs
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
@@ -41,6 +42,8 @@ class JobMetrics:
     """Counts the job lifecycle as the job service records it."""
 
     def __init__(self, registry: CollectorRegistry, models: Iterable[str]) -> None:
+        #: The last hour, for the status page.
+        self.recent = RecentJobs()
         self.received = Counter(
             "nnhost_jobs_received", "Requests accepted, by model.", ["model"], registry=registry
         )
@@ -69,13 +72,16 @@ class JobMetrics:
             for status in FINAL:
                 self.finished.labels(model, status.value)
         self._running_since: dict[str, float] = {}
+        self._waited: dict[str, float] = {}
 
     def job_changed(self, job: Job) -> None:
         model, status = job.deployment, job.status
         if status is Status.RECEIVED:
             self.received.labels(model).inc()
         elif status is Status.DISPATCHED:
-            self.wait.labels(model).observe(max(0.0, time.time() - job.created_at))
+            waited = max(0.0, time.time() - job.created_at)
+            self._waited[job.id] = waited
+            self.wait.labels(model).observe(waited)
         elif status is Status.RUNNING:
             self._running_since[job.id] = time.monotonic()
         elif status is Status.QUEUED:
@@ -83,8 +89,10 @@ class JobMetrics:
         elif status.final:
             self.finished.labels(model, status.value).inc()
             started = self._running_since.pop(job.id, None)
-            if started is not None:
-                self.run.labels(model).observe(time.monotonic() - started)
+            ran = None if started is None else time.monotonic() - started
+            if ran is not None:
+                self.run.labels(model).observe(ran)
+            self.recent.add(model, status is Status.COMPLETED, self._waited.pop(job.id, None), ran)
             if status is Status.COMPLETED and job.result_size is not None:
                 self.result.labels(model).observe(job.result_size)
 
