@@ -3,7 +3,7 @@
 A server of this module's own (its model is evicted and redeployed here, which
 the session server's other users must not see) serves a user's sleeping jobs.
 The status page, loaded once, must follow them by itself (no reload): the
-queue and running counts it shows are those of ``/api/overview`` and of the
+queue and running counts it shows (and a model that cannot load, shown UNHEALTHY) are those of ``/api/overview`` and of the
 client's ``/status`` at the same moment, and its chart and medians match the
 API once they end. The operator, logged in on the web, sees the jobs with
 their owner, cancels one with its button, finds it among the recent errors,
@@ -31,11 +31,25 @@ SLEEP = 5.0
 ROW = f"tr[data-model='{TEST_REPO}']"
 
 
+BROKEN = "nnhost-test/broken-gpt2"
+
+
+def build_broken(hf_home) -> None:
+    """A model whose weights file has a good header and half its data: it cannot load."""
+    from nnhost.models.tiny import build_tiny_gpt2
+
+    weights = build_tiny_gpt2(BROKEN, hf_home=hf_home) / "model.safetensors"
+    data = weights.read_bytes()
+    weights.unlink()  # a link into the cache's blobs: replace it, leave the blob alone
+    weights.write_bytes(data[: len(data) // 2])
+
+
 @pytest.fixture(scope="module")
 def watched(root, server_hf_home, test_snapshot, server):
+    build_broken(server_hf_home)
     process = ServerProcess(
-        [TEST_REPO], data_dir=root / "watched-data", hf_home=server_hf_home, api_key=API_KEY,
-        extra_args=["--time-limit", "30"],
+        [TEST_REPO, BROKEN], data_dir=root / "watched-data", hf_home=server_hf_home,
+        api_key=API_KEY, extra_args=["--time-limit", "30"],
     )
     process.start()
     yield process
@@ -125,6 +139,12 @@ def test_status_page_follows_jobs_without_a_reload(watched, browser, remote_mode
     assert shown(page, "replicas") == "1/1"
     assert api["containment"] and api["containment"]["active"]
     assert shown(page, "containment").startswith(", ".join(api["containment"]["active"]))
+    # A model that cannot load is shown as such, and the service as degraded.
+    broken = next(m for m in httpx.get(f"{watched.url}/api/overview").json()["models"]
+                  if m["name"] == BROKEN)
+    assert broken["state"] == "UNHEALTHY" == watched.status()["deployments"][BROKEN]["application_state"]
+    assert page.locator(f"tr[data-model='{BROKEN}'] [data-field=state]").inner_text() == "UNHEALTHY"
+    assert page.inner_text("[data-testid=service-state]") == "degraded"
     shot(page, "status-idle")
 
     jobs = [submit_sleeping(remote_model, watched, user_key) for _ in range(3)]
