@@ -13,6 +13,7 @@ import warnings
 import pytest
 import torch
 
+from fakes import FakeFleet
 from nnhost.deployments.catalog import Catalog, ModelSpec
 from nnhost.deployments.manager import COLD, HOT, WARM, CannotFit, DeploymentManager
 from nnhost.deployments.sizing import QUANTIZATION_BYTES, device_shares, tensor_bytes
@@ -88,6 +89,7 @@ def manager(specs, budgets):
     made = DeploymentManager(
         catalog, loop=loop, on_job_event=lambda *a: None, on_change=lambda *a: None,
         has_work=lambda name: False, worker_environ={}, budgets=budgets,
+        replica_factory=FakeFleet(),
     )
     return made, loop
 

@@ -24,6 +24,7 @@ from .auth.keys import LOCAL_ADMIN_EMAIL, KeyStore
 from .config import Settings
 from .deployments.catalog import Catalog, ModelSpec
 from .deployments.manager import DeploymentManager
+from .deployments.replica import LocalReplica
 from .deployments.sizing import device_shares, tensor_bytes
 from .jobs.events import EventBus
 from .jobs.scheduler import Scheduler
@@ -198,6 +199,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
             has_work=has_work,
             worker_environ=worker_environ(settings, catalog),
             budgets=memory_budgets(settings, catalog),
+            replica_factory=LocalReplica,
             torch_threads=settings.torch_threads,
             kill_grace=settings.kill_grace,
         )

@@ -16,6 +16,7 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from ..deployments.contract import ReplicaStatus
 from ..deployments.manager import Deployment
 from .deps import server_of
 from .pages import render, viewer_of
@@ -26,14 +27,14 @@ router = APIRouter(include_in_schema=False)
 STARTED = time.time()
 
 
-def _state(deployment: Deployment) -> str:
+def _state(deployment: Deployment) -> ReplicaStatus:
     if deployment.unhealthy:
-        return "UNHEALTHY"
+        return ReplicaStatus.UNHEALTHY
     if deployment.loading:
-        return "DEPLOYING"
+        return ReplicaStatus.DEPLOYING
     if deployment.healthy:
-        return "RUNNING"
-    return "NOT_STARTED"
+        return ReplicaStatus.RUNNING
+    return ReplicaStatus.NOT_STARTED
 
 
 def _containment(deployment: Deployment):
@@ -68,7 +69,7 @@ def overview(server) -> dict:
             "level": deployment.level,
             "target": deployment.target,
             "state": _state(deployment),
-            "replicas": {"total": len(states), "running": states.count("RUNNING"),
+            "replicas": {"total": len(states), "running": states.count(ReplicaStatus.RUNNING),
                          "configured": deployment.spec.replicas},
             "queued": server.scheduler.waiting(name),
             "running": sum(1 for replica in deployment.replicas if replica.busy),
@@ -79,7 +80,7 @@ def overview(server) -> dict:
         })
     if server.jobs.draining:
         state = "draining"
-    elif any(m["state"] == "UNHEALTHY" for m in models):
+    elif any(m["state"] is ReplicaStatus.UNHEALTHY for m in models):
         state = "degraded"
     else:
         state = "serving"

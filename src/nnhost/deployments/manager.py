@@ -32,14 +32,15 @@ from ..units import format_size
 from ..execution.worker import WorkerOptions
 from .catalog import Catalog, ModelKey, ModelSpec
 from .incidents import Tally
-from .replica import LocalReplica
+from .contract import Level, Replica, ReplicaFactory, ReplicaStatus
 from .sizing import threads_per_job
 
 OnJobEvent = Callable[[str, JobEvent], None]
 OnChange = Callable[[str], None]
 HasWork = Callable[[str], bool]
 
-HOT, WARM, COLD = "HOT", "WARM", "COLD"
+HOT, WARM, COLD = Level.HOT, Level.WARM, Level.COLD
+_RANK = {COLD: 0, WARM: 1, HOT: 2}
 
 
 class CannotFit(RuntimeError):
@@ -53,9 +54,9 @@ def _gib(size: int) -> str:
 @dataclass
 class Deployment:
     spec: ModelSpec
-    replicas: list = field(default_factory=list)
+    replicas: list[Replica] = field(default_factory=list)
     #: The level this deployment is held at (or being brought to).
-    target: str = COLD
+    target: Level = COLD
     last_used: float = 0.0
     #: Why it is where it is (what was evicted for it, what it waits for).
     note: str = ""
@@ -83,20 +84,22 @@ class Deployment:
             return {"cpu": self.size}
         return {}
 
-    def states(self) -> list[str]:
+    def states(self) -> list[ReplicaStatus]:
         return [replica.health().state for replica in self.replicas]
 
     @property
     def loading(self) -> bool:
-        return self.target != COLD and any(s in ("NOT_STARTED", "DEPLOYING") for s in self.states())
+        return self.target != COLD and any(
+            s in (ReplicaStatus.NOT_STARTED, ReplicaStatus.DEPLOYING) for s in self.states()
+        )
 
     @property
     def healthy(self) -> bool:
-        return any(s == "RUNNING" for s in self.states())
+        return ReplicaStatus.RUNNING in self.states()
 
     @property
     def unhealthy(self) -> bool:
-        return bool(self.replicas) and all(s == "UNHEALTHY" for s in self.states())
+        return bool(self.replicas) and all(s is ReplicaStatus.UNHEALTHY for s in self.states())
 
     @property
     def busy(self) -> bool:
@@ -106,14 +109,14 @@ class Deployment:
     def ready(self) -> bool:
         return self.target == HOT and self.idle_replica() is not None
 
-    def idle_replica(self) -> Optional[LocalReplica]:
+    def idle_replica(self) -> Optional[Replica]:
         for replica in self.replicas:
-            if replica.health().state == "RUNNING" and replica.accepting:
+            if replica.health().state is ReplicaStatus.RUNNING and replica.accepting:
                 return replica
         return None
 
     @property
-    def level(self) -> str:
+    def level(self) -> Level:
         if self.target == COLD or not self.healthy:
             return COLD
         return self.target
@@ -130,10 +133,12 @@ class DeploymentManager:
         has_work: HasWork,
         worker_environ: dict,
         budgets: dict[str, int],
+        replica_factory: ReplicaFactory,
         torch_threads: int = 0,
         kill_grace: float = 10.0,
     ) -> None:
         self.catalog = catalog
+        self._make_replica = replica_factory
         self._loop = loop
         self._on_job_event = on_job_event
         self._on_change = on_change
@@ -152,7 +157,7 @@ class DeploymentManager:
         except RuntimeError:
             pass  # the loop is closed: the server is shutting down
 
-    def _replica(self, deployment: Deployment, index: int, level: str) -> LocalReplica:
+    def _replica(self, deployment: Deployment, index: int, level: Level) -> Replica:
         spec = deployment.spec
         name = spec.name if spec.replicas == 1 else f"{spec.name}#{index + 1}"
         options = WorkerOptions(
@@ -163,7 +168,7 @@ class DeploymentManager:
             device=self._placement(spec, level),
             home_device=spec.device,
         )
-        return LocalReplica(
+        return self._make_replica(
             name,
             options,
             on_job_event=lambda event: self._hop(self._on_job_event, spec.name, event),
@@ -174,7 +179,7 @@ class DeploymentManager:
         )
 
     @staticmethod
-    def _placement(spec: ModelSpec, level: str) -> str:
+    def _placement(spec: ModelSpec, level: Level) -> str:
         """The device a worker is told to hold its weights on.
 
         A model spread by ``device_map`` is placed by the loader; naming its first
@@ -224,7 +229,7 @@ class DeploymentManager:
         ]
         return sorted(candidates, key=lambda d: d.last_used)
 
-    def make_room(self, wanted: Deployment, level: str) -> Optional[str]:
+    def make_room(self, wanted: Deployment, level: Level) -> Optional[str]:
         """Demote idle deployments until ``wanted`` fits at ``level`` on every device it
         spans; None if it cannot yet. Returns a note of what was evicted (possibly empty).
         """
@@ -249,7 +254,7 @@ class DeploymentManager:
                 evicted.append(f"{victim.name} (now {to})")
         return f"evicted {', '.join(evicted)}" if evicted else ""
 
-    def short_device(self, wanted: Deployment, level: str) -> Optional[str]:
+    def short_device(self, wanted: Deployment, level: Level) -> Optional[str]:
         """The first device ``wanted`` does not fit on at ``level``, if any."""
         for device, size in wanted.shares(level).items():
             if not self._fits(device, size, wanted):
@@ -258,11 +263,11 @@ class DeploymentManager:
 
     # -- levels ----------------------------------------------------------------------
 
-    def request(self, name: str, level: str = HOT) -> str:
+    def request(self, name: str, level: Level = HOT) -> str:
         """Bring ``name`` to ``level`` if memory allows; returns what is happening, for users."""
         deployment = self.deployments[name]
-        rank = {COLD: 0, WARM: 1, HOT: 2}
-        if rank[deployment.target] >= rank[level] and not deployment.unhealthy:
+        level = Level(level)
+        if _RANK[deployment.target] >= _RANK[level] and not deployment.unhealthy:
             return deployment.note
         note = self.make_room(deployment, level)
         if note is None:
@@ -276,9 +281,10 @@ class DeploymentManager:
         self.set_level(name, level, note=f"Deploying {name}" + (f"; {note}" if note else ""))
         return deployment.note
 
-    def set_level(self, name: str, level: str, note: str = "") -> None:
+    def set_level(self, name: str, level: Level, note: str = "") -> None:
         """Move ``name`` to ``level`` now (memory must already have been made)."""
         deployment = self.deployments[name]
+        level = Level(level)
         previous = deployment.target
         deployment.note = note
         if level == COLD:
@@ -305,7 +311,7 @@ class DeploymentManager:
     def start(self) -> None:
         """Bring each catalog model to its starting level, in catalog order, as memory allows."""
         for deployment in self.deployments.values():
-            wanted = deployment.spec.deploy.upper()
+            wanted = Level(deployment.spec.deploy.upper())
             if wanted == COLD:
                 continue
             device = self.short_device(deployment, wanted)
@@ -353,13 +359,13 @@ class DeploymentManager:
                 entries[deployment.name] = {
                     **base,
                     "deployment_level": COLD,
-                    "application_state": "NOT_STARTED",
+                    "application_state": ReplicaStatus.NOT_STARTED,
                     "busy": False,
                 }
                 continue
             for replica in deployment.replicas:
                 state = replica.health()
-                level = deployment.target if state.state == "RUNNING" else COLD
+                level = deployment.target if state.state is ReplicaStatus.RUNNING else COLD
                 entries[replica.name] = {
                     **base,
                     "deployment_level": level,

@@ -1,8 +1,8 @@
 """A replica: one loaded copy of a model, and the processes that run its jobs.
 
-`Replica` is the seam the rest of nnhost programs against: ``start``,
-``submit``, ``cancel``, ``stop``, ``health``, plus a stream of events delivered
-to the callbacks it was built with. `LocalReplica` implements it on this
+`contract.Replica` is the seam the rest of nnhost programs against: ``start``,
+``submit``, ``cancel``, ``stop``, ``health``, ``place``, plus a stream of events
+delivered to the callbacks it was built with. `LocalReplica` implements it on this
 machine with a host process (`execution.host`) that loads the model and never
 runs user code. In fork mode the host keeps one job process forked and
 contained ahead of time; `LocalReplica` hands each job to such a *slot* over
@@ -30,8 +30,8 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Optional, Protocol
+from dataclasses import asdict
+from typing import Any, Optional
 
 from ..execution.cgroups import JobGroups
 from ..execution.channel import BadMessage, Channel, close_all, pair
@@ -40,6 +40,7 @@ from ..execution.handoff import send_job
 from ..execution.job_process import describe_exit
 from ..execution.policy import WorkerPolicy
 from ..execution.worker import WorkerOptions, crash_hint
+from .contract import OnIdle, OnIncident, OnJobEvent, OnState, ReplicaState, ReplicaStatus
 from .incidents import Incident
 from .job_watch import JobWatch, LogLines
 from .slots import JobProcesses, Slot
@@ -48,35 +49,6 @@ from .slots import JobProcesses, Slot
 #: Only these reach the host process's environment (it gets nothing else of the server's).
 HOST_ENVIRONMENT = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "HOME",
                     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM")
-
-
-@dataclass
-class ReplicaState:
-    """What a replica reports about itself (application state, as /status names it)."""
-
-    state: str  # NOT_STARTED, DEPLOYING, RUNNING, UNHEALTHY
-    description: str = ""
-    weight_bytes: Optional[int] = None
-    #: Which containment layers the processes run under (see execution.containment).
-    containment: Optional[dict] = None
-
-
-OnJobEvent = Callable[[JobEvent], None]
-OnState = Callable[[ReplicaState], None]
-OnIdle = Callable[[], None]
-OnIncident = Callable[[Incident], None]
-
-
-class Replica(Protocol):
-    def start(self) -> None: ...
-    def submit(self, spec: JobSpec) -> None: ...
-    def cancel(self, job_id: str) -> bool: ...
-    def stop(self) -> None: ...
-    def health(self) -> ReplicaState: ...
-    @property
-    def busy(self) -> bool: ...
-    @property
-    def accepting(self) -> bool: ...
 
 
 def _signal_name(exitcode: Optional[int]) -> str:
@@ -110,7 +82,7 @@ class LocalReplica(JobProcesses):
         self._lock = threading.RLock()
         self._host: Optional[subprocess.Popen] = None
         self._control: Optional[Channel] = None
-        self._state = ReplicaState("NOT_STARTED", "Not started.")
+        self._state = ReplicaState(ReplicaStatus.NOT_STARTED, "Not started.")
         self._host_containment: Optional[dict] = None
         self._slots: dict[int, Slot] = {}
         self._spare: Optional[Slot] = None
@@ -147,7 +119,7 @@ class LocalReplica(JobProcesses):
         """Move the weights (HOT on the model's device, WARM in host memory)."""
         with self._lock:
             self.options.device = device
-            if self._control is not None and self._state.state == "RUNNING":
+            if self._control is not None and self._state.state is ReplicaStatus.RUNNING:
                 self._send_control({"type": "place", "device": device})
 
     def start(self) -> None:
@@ -165,7 +137,7 @@ class LocalReplica(JobProcesses):
             if self._current is not None:
                 raise RuntimeError(f"replica {self.name} is busy with {self._current.job.job_id}")
             slot = self._spare
-            if self._state.state != "RUNNING" or slot is None:
+            if self._state.state is not ReplicaStatus.RUNNING or slot is None:
                 raise RuntimeError(f"replica {self.name} is not ready ({self._state.state})")
             self._spare = None
             slot.job, slot.watch = spec, JobWatch(spec)
@@ -206,7 +178,7 @@ class LocalReplica(JobProcesses):
         if self._groups is not None:
             self._groups.close()
             self._groups = None
-        self._set_state(ReplicaState("NOT_STARTED", "Stopped."))
+        self._set_state(ReplicaState(ReplicaStatus.NOT_STARTED, "Stopped."))
 
     # -- the host process -------------------------------------------------------
 
@@ -226,7 +198,7 @@ class LocalReplica(JobProcesses):
         self._host, self._control = host, control
         self._kill_reason = None
         self._host_containment = None
-        self._set_state(ReplicaState("DEPLOYING", "Starting the worker process."))
+        self._set_state(ReplicaState(ReplicaStatus.DEPLOYING, "Starting the worker process."))
         threading.Thread(
             target=self._read_control, args=(control, host, self._generation),
             name=f"host-{self.name}", daemon=True,
@@ -258,8 +230,13 @@ class LocalReplica(JobProcesses):
                 if fields["containment"]:
                     self._host_containment = fields["containment"]
                 fields["containment"] = self._containment()
+                try:
+                    fields["state"] = ReplicaStatus(fields["state"])
+                except ValueError:
+                    fields["state"], fields["description"] = ReplicaStatus.UNHEALTHY, (
+                        f"The worker reported an unknown state ({str(fields['state'])[:40]!r}).")
                 self._set_state(ReplicaState(**{k: v for k, v in fields.items() if v is not None}))
-                if fields["state"] == "RUNNING" and not asked_first:
+                if fields["state"] is ReplicaStatus.RUNNING and not asked_first:
                     asked_first = True
                     with self._lock:
                         self._request_fork()
@@ -319,7 +296,7 @@ class LocalReplica(JobProcesses):
             )
             current, self._current = self._current, None
             stopping = self._stopping
-            unhealthy_at_load = self._state.state == "UNHEALTHY"
+            unhealthy_at_load = self._state.state is ReplicaStatus.UNHEALTHY
             for slot in slots:
                 slot.kill_reason = slot.kill_reason or reason
                 slot.exited.set()
@@ -329,7 +306,7 @@ class LocalReplica(JobProcesses):
         if stopping or unhealthy_at_load:
             return
         self._on_incident(Incident.WORKER_RESTART)
-        self._set_state(ReplicaState("DEPLOYING", f"{reason} Restarting the worker."))
+        self._set_state(ReplicaState(ReplicaStatus.DEPLOYING, f"{reason} Restarting the worker."))
         with self._lock:
             self._restart_at = time.monotonic() + self._restart_delay
         if current is not None:
@@ -390,7 +367,7 @@ class LocalReplica(JobProcesses):
         self._set_state(ReplicaState(**{**asdict(self._state), "containment": self._containment(slot)}))
 
     def _unhealthy(self, description: str) -> None:
-        self._set_state(ReplicaState("UNHEALTHY", description, containment=self._containment()))
+        self._set_state(ReplicaState(ReplicaStatus.UNHEALTHY, description, containment=self._containment()))
 
     def _set_state(self, state: ReplicaState) -> None:
         self._state = state

@@ -1,0 +1,101 @@
+"""What every kind of replica provides, and what the deployment manager may ask of one.
+
+The manager programs only against `Replica` and builds replicas only through
+the `ReplicaFactory` it is given, so a replica on this machine
+(`replica.LocalReplica`), a fake one in the tests, or one on another machine
+plug in without touching the manager or the job service. States and levels
+are enums; their values are the strings ``/status`` has always reported.
+
+A replica reports on its own threads through the callbacks it was built
+with; it must never call into the manager or the job service directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Callable, Optional, Protocol
+
+from ..execution.events import JobEvent, JobSpec
+from ..execution.worker import WorkerOptions
+from .incidents import Incident
+
+
+class Level(StrEnum):
+    """Where a deployment's weights are: on its device (HOT), in host memory (WARM), on disk."""
+
+    HOT = "HOT"
+    WARM = "WARM"
+    COLD = "COLD"
+
+
+class ReplicaStatus(StrEnum):
+    """A replica's application state, as ``/status`` names it."""
+
+    NOT_STARTED = "NOT_STARTED"
+    DEPLOYING = "DEPLOYING"
+    RUNNING = "RUNNING"
+    UNHEALTHY = "UNHEALTHY"
+
+
+@dataclass
+class ReplicaState:
+    """What a replica reports about itself."""
+
+    state: ReplicaStatus
+    description: str = ""
+    weight_bytes: Optional[int] = None
+    #: Which containment layers the processes run under (see execution.containment).
+    containment: Optional[dict] = None
+
+
+OnJobEvent = Callable[[JobEvent], None]
+OnState = Callable[[ReplicaState], None]
+OnIdle = Callable[[], None]
+OnIncident = Callable[[Incident], None]
+
+
+class Replica(Protocol):
+    #: The name ``/status`` lists it under (the model's, with ``#n`` when there are several).
+    name: str
+
+    def start(self) -> None: ...
+
+    def submit(self, spec: JobSpec) -> None:
+        """Run one job; raises RuntimeError when it cannot take it now."""
+
+    def cancel(self, job_id: str) -> bool:
+        """Stop the job if it runs here (its ERROR follows as an event)."""
+
+    def stop(self) -> None: ...
+
+    def health(self) -> ReplicaState: ...
+
+    def place(self, device: str) -> None:
+        """Move the weights: to the model's device for HOT, to host memory for WARM."""
+
+    @property
+    def busy(self) -> bool:
+        """Running a job."""
+
+    @property
+    def accepting(self) -> bool:
+        """Free and ready to start a job at once."""
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The process holding the weights, where there is one on this machine."""
+
+
+class ReplicaFactory(Protocol):
+    def __call__(
+        self,
+        name: str,
+        options: WorkerOptions,
+        *,
+        on_job_event: OnJobEvent,
+        on_state: OnState,
+        on_idle: OnIdle,
+        on_incident: OnIncident,
+        kill_grace: float,
+    ) -> Replica: ...

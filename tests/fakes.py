@@ -1,0 +1,138 @@
+"""A replica with no processes, for testing the job service and the manager in-process.
+
+`FakeFleet` is a `deployments.contract.ReplicaFactory`: the manager builds its
+replicas through it exactly as through `LocalReplica`, and the test then plays
+the worker's part by hand (`run`, `log`, `complete`, `fail`, `die`), with the
+same events a real replica sends, through the same callbacks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from nnhost.deployments.contract import ReplicaState, ReplicaStatus
+from nnhost.deployments.incidents import Incident
+from nnhost.execution.events import JobEvent, JobSpec
+
+
+class FakeReplica:
+    def __init__(self, name, options, *, on_job_event, on_state, on_idle, on_incident, kill_grace):
+        self.name = name
+        self.options = options
+        self._on_job_event = on_job_event
+        self._on_state = on_state
+        self._on_idle = on_idle
+        self._on_incident = on_incident
+        self.state = ReplicaState(ReplicaStatus.NOT_STARTED, "Not started.")
+        self.current: Optional[JobSpec] = None
+        self.ran: list[str] = []
+        self.cancelled: list[str] = []
+        self.placed: list[str] = []
+        self.stopped = False
+        #: Whether start() loads at once (else the test calls ready()).
+        self.instant = True
+
+    # -- the Replica contract --------------------------------------------------------
+
+    def start(self) -> None:
+        self._set(ReplicaStatus.DEPLOYING, "Loading.")
+        if self.instant:
+            self.ready()
+
+    def submit(self, spec: JobSpec) -> None:
+        if not self.accepting:
+            raise RuntimeError(f"{self.name} is not accepting")
+        self.current = spec
+        self.ran.append(spec.job_id)
+
+    def cancel(self, job_id: str) -> bool:
+        if self.current is None or self.current.job_id != job_id:
+            return False
+        self.cancelled.append(job_id)
+        self.fail("Your request was cancelled.")
+        return True
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._set(ReplicaStatus.NOT_STARTED, "Stopped.")
+
+    def health(self) -> ReplicaState:
+        return self.state
+
+    def place(self, device: str) -> None:
+        self.placed.append(device)
+
+    @property
+    def busy(self) -> bool:
+        return self.current is not None
+
+    @property
+    def accepting(self) -> bool:
+        return self.current is None and self.state.state is ReplicaStatus.RUNNING
+
+    @property
+    def pid(self) -> Optional[int]:
+        return None
+
+    # -- the worker's part, played by the test ---------------------------------------------
+
+    def ready(self) -> None:
+        self._set(ReplicaStatus.RUNNING, "Loaded.")
+
+    def run(self) -> None:
+        self._event("RUNNING", "Running your request.")
+        if self.current.started_path:
+            Path(self.current.started_path).touch()
+
+    def log(self, line: str) -> None:
+        self._event("LOG", line)
+
+    def complete(self, data: bytes = b"result") -> None:
+        Path(self.current.result_path).write_bytes(data)
+        self._finish("COMPLETED", "Your job has been completed.", result_size=len(data))
+
+    def fail(self, description: str) -> None:
+        self._finish("ERROR", description)
+
+    def die(self) -> None:
+        """The worker process dies mid-job: the job fails, the replica restarts."""
+        self._on_incident(Incident.WORKER_RESTART)
+        if self.current is not None:
+            self._finish("ERROR", "The worker process stopped. You can resubmit your request.")
+        self._set(ReplicaStatus.DEPLOYING, "Restarting the worker.")
+        self.ready()
+
+    def send(self, event: JobEvent) -> None:
+        """Anything at all, as a compromised worker might send it."""
+        self._on_job_event(event)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _event(self, status: str, description: str, **fields) -> None:
+        self._on_job_event(JobEvent(self.current.job_id, status, description,
+                                    meta={"runtime": 0.01}, **fields))
+
+    def _finish(self, status: str, description: str, **fields) -> None:
+        self._event(status, description, **fields)
+        self.current = None
+        self._on_idle()
+
+    def _set(self, state: ReplicaStatus, description: str) -> None:
+        self.state = ReplicaState(state, description)
+        self._on_state(self.state)
+
+
+class FakeFleet:
+    """Builds `FakeReplica`s and remembers them, newest last, by replica name."""
+
+    def __init__(self) -> None:
+        self.made: list[FakeReplica] = []
+
+    def __call__(self, name, options, **callbacks) -> FakeReplica:
+        replica = FakeReplica(name, options, **callbacks)
+        self.made.append(replica)
+        return replica
+
+    def latest(self, name: str) -> FakeReplica:
+        return [replica for replica in self.made if replica.name == name][-1]

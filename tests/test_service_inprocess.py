@@ -1,0 +1,275 @@
+"""The job service, the fair queue and the deployment manager, in-process, on fake replicas.
+
+No worker process and no HTTP: the real `JobService`, `Scheduler`,
+`DeploymentManager`, job store (SQLite in a temporary directory), event bus
+and metrics observer, with `fakes.FakeFleet` as the manager's replica factory.
+The test plays the worker by hand, so every ordering (a job finishing while
+another waits, a worker dying mid-job, a forged event) is exact and fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from fakes import FakeFleet
+from nnhost.auth.keys import Principal
+from nnhost.config import Settings
+from nnhost.deployments.catalog import Catalog, ModelSpec
+from nnhost.deployments.contract import Level, ReplicaStatus
+from nnhost.deployments.incidents import Incident
+from nnhost.deployments.manager import DeploymentManager
+from nnhost.execution.events import JobEvent
+from nnhost.jobs.events import EventBus
+from nnhost.jobs.job import Status
+from nnhost.jobs.scheduler import Scheduler
+from nnhost.jobs.service import JobService, Submission
+from nnhost.jobs.store import JobStore, connect
+from nnhost.storage.results import BlobDir, LinkSigner
+from nnhost.telemetry.metrics import Metrics
+
+MiB = 1 << 20
+ADA, BOB = Principal(1, "ada@example.org"), Principal(2, "bob@example.org")
+
+
+class World:
+    """Every part the composition root builds, with fakes where the processes would be."""
+
+    def __init__(self, tmp_path, specs, budgets=None, **settings) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.settings = Settings(data_dir=tmp_path, **settings)
+        self.fleet = FakeFleet()
+        self.connection = connect(tmp_path / "jobs.sqlite3")
+        self.store = JobStore(self.connection)
+        self.bus = EventBus()
+        self.scheduler = Scheduler()
+        self.payloads = BlobDir(tmp_path / "payloads", ".payload")
+        self.results = BlobDir(tmp_path / "results", ".result")
+        self.catalog = Catalog(specs)
+        self.deployments = DeploymentManager(
+            self.catalog, loop=self.loop,
+            on_job_event=lambda name, event: self.jobs.on_job_event(name, event),
+            on_change=lambda name: self.jobs.on_change(name),
+            has_work=lambda name: self.jobs.has_work(name),
+            worker_environ={}, budgets=budgets or {"cpu": 1 << 40}, replica_factory=self.fleet,
+        )
+        self.metrics = Metrics(self.deployments, self.scheduler.waiting, lambda: len(self.bus))
+        self.jobs = JobService(
+            self.settings, self.store, self.bus, self.scheduler, self.deployments, self.payloads,
+            self.results, LinkSigner.from_file(tmp_path / "link.key"), observers=[self.metrics.jobs],
+        )
+
+    async def settle(self) -> None:
+        """Let the callbacks hopped onto the loop, and the stops sent to threads, run."""
+        for _ in range(5):
+            await asyncio.sleep(0.005)
+
+    async def start(self) -> "World":
+        self.deployments.start()
+        await self.settle()
+        return self
+
+    async def submit(self, principal, name: str, session: str = "") -> str:
+        key = next(spec for spec in self.catalog if spec.name == name).model_key()
+        job = await self.jobs.submit(principal, Submission(key, session, False, {}), b"payload", "http://x")
+        await self.settle()
+        return job.id
+
+    def status(self, job_id: str) -> Status:
+        return self.store.get(job_id).status
+
+    def replica(self, name: str):
+        return self.fleet.latest(name)
+
+
+def spec(name: str, size: int = 10 * MiB, **extra) -> ModelSpec:
+    return ModelSpec(repo_id=name, size_bytes=size, **extra)
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_a_job_goes_through_every_status_to_its_session(tmp_path):
+    async def body():
+        world = await World(tmp_path, [spec("org/a")]).start()
+        replica = world.replica("org/a")
+        assert replica.health().state is ReplicaStatus.RUNNING
+        session = world.bus.open(ADA.user_id)
+        job_id = await world.submit(ADA, "org/a", session.id)
+        assert world.status(job_id) is Status.DISPATCHED and replica.ran == [job_id]
+        replica.run()
+        replica.log("hello from the job")
+        replica.complete(b"x" * 100)
+        await world.settle()
+        job = world.store.get(job_id)
+        assert job.status is Status.COMPLETED and job.result_size == 100
+        assert world.store.logs(job_id) == ["hello from the job"]
+        frames = []
+        while not session.queue.empty():
+            frames.append(session.queue.get_nowait())
+        told = [json.loads(f)["status"] for f in frames if isinstance(f, str)]
+        assert told == ["QUEUED", "DISPATCHED", "RUNNING", "LOG"]
+        assert isinstance(frames[-1], bytes)  # the small result rides inline, as a pickled frame
+        counted = world.metrics.jobs.finished.labels("org/a", "COMPLETED")._value.get()
+        assert counted == 1
+
+    run(body())
+
+
+def test_the_fair_queue_serves_the_user_who_waited_less(tmp_path):
+    async def body():
+        world = await World(tmp_path, [spec("org/a")]).start()
+        replica = world.replica("org/a")
+        ada = [await world.submit(ADA, "org/a") for _ in range(3)]
+        bob = await world.submit(BOB, "org/a")
+        order = []
+        for _ in range(4):
+            order.append(replica.current.job_id)
+            replica.run()
+            replica.complete()
+            await world.settle()
+        # Ada's first was running when Bob came; Bob's one job goes before her other two.
+        assert order == [ada[0], bob, ada[1], ada[2]]
+        assert all(world.status(job_id) is Status.COMPLETED for job_id in order)
+
+    run(body())
+
+
+def test_hotswap_demotes_an_idle_model_and_never_one_with_work(tmp_path):
+    async def body():
+        world = await World(
+            tmp_path, [spec("org/a", 60 * MiB), spec("org/b", 60 * MiB, deploy="cold")],
+            budgets={"cpu": 100 * MiB}, memory_margin=0,
+        ).start()
+        a = world.replica("org/a")
+        busy = await world.submit(ADA, "org/a")
+        waiting = await world.submit(BOB, "org/b")
+        # org/a has a job running: it stays, and org/b's job waits, saying why.
+        assert world.deployments.get("org/a").level is Level.HOT
+        assert world.status(waiting) is Status.PROVISIONING
+        assert "waiting for memory on cpu" in world.store.get(waiting).description
+        a.run()
+        a.complete()
+        await world.settle()
+        # Idle now: demoted for org/b, whose job runs.
+        assert world.deployments.get("org/a").level is Level.COLD and a.stopped
+        b = world.replica("org/b")
+        assert world.deployments.get("org/b").level is Level.HOT
+        assert b.ran == [waiting] and world.status(waiting) is Status.DISPATCHED
+        assert "Demoted to make room for org/b" in world.deployments.get("org/a").note
+
+    run(body())
+
+
+def test_events_a_replica_may_not_send_are_dropped(tmp_path):
+    async def body():
+        world = await World(tmp_path, [spec("org/a"), spec("org/b")]).start()
+        a, b = world.replica("org/a"), world.replica("org/b")
+        mine = await world.submit(ADA, "org/a")
+        queued_elsewhere = await world.submit(BOB, "org/b")
+        b.run()
+        await world.settle()
+        # A replica of org/b claims org/a's job; org/a's replica forges a state the
+        # lifecycle forbids, an unknown status and garbage.
+        b.send(JobEvent(mine, "COMPLETED", "forged", result_size=1))
+        a.send(JobEvent(mine, "QUEUED", "back to the queue, please"))
+        a.send(JobEvent(mine, "DONE", "?"))
+        a.send(JobEvent("../../etc", "ERROR", "path"))
+        a.send(object())
+        await world.settle()
+        assert world.status(mine) is Status.DISPATCHED
+        assert world.status(queued_elsewhere) is Status.RUNNING
+        a.run()
+        a.complete()
+        await world.settle()
+        assert world.status(mine) is Status.COMPLETED
+
+    run(body())
+
+
+def test_a_worker_that_dies_mid_job_fails_it_and_serves_the_next(tmp_path):
+    async def body():
+        world = await World(tmp_path, [spec("org/a")]).start()
+        replica = world.replica("org/a")
+        first = await world.submit(ADA, "org/a")
+        second = await world.submit(BOB, "org/a")
+        replica.run()
+        replica.die()
+        await world.settle()
+        assert world.status(first) is Status.ERROR
+        assert "worker process stopped" in world.store.get(first).description
+        assert replica.current.job_id == second
+        replica.run()
+        replica.complete()
+        await world.settle()
+        assert world.status(second) is Status.COMPLETED
+        assert world.deployments.get("org/a").tally.counts()[Incident.WORKER_RESTART] == 1
+
+    run(body())
+
+
+def test_cancel_a_queued_and_a_running_job(tmp_path):
+    async def body():
+        world = await World(tmp_path, [spec("org/a")]).start()
+        replica = world.replica("org/a")
+        running = await world.submit(ADA, "org/a")
+        queued = await world.submit(ADA, "org/a")
+        replica.run()
+        await world.settle()
+        assert world.jobs.cancel(world.store.get(queued))
+        assert world.status(queued) is Status.ERROR
+        assert "cancelled while it was queued" in world.store.get(queued).description
+        assert world.jobs.cancel(world.store.get(running))
+        await world.settle()
+        assert replica.cancelled == [running] and world.status(running) is Status.ERROR
+        assert not world.jobs.cancel(world.store.get(running))  # already ended
+        assert replica.ran == [running]  # the cancelled queued job never reached the replica
+
+    run(body())
+
+
+def test_a_silent_job_past_its_limit_is_failed_and_stopped(tmp_path):
+    async def body():
+        world = await World(tmp_path, [spec("org/a")], time_limit=5, kill_grace=1).start()
+        replica = world.replica("org/a")
+        job_id = await world.submit(ADA, "org/a")
+        replica.run()
+        await world.settle()
+        assert world.jobs.sweep_stuck(now=time.time() + 1) == 0
+        assert world.jobs.sweep_stuck(now=time.time() + 60) == 1
+        await world.settle()
+        assert world.status(job_id) is Status.ERROR
+        assert "without finishing" in world.store.get(job_id).description
+        assert replica.cancelled == [job_id]
+
+    run(body())
+
+
+def test_after_a_restart_what_may_have_run_fails_and_the_rest_runs(tmp_path):
+    async def body():
+        world = await World(tmp_path, [spec("org/a")]).start()
+        replica = world.replica("org/a")
+        started = await world.submit(ADA, "org/a")
+        replica.run()  # writes the started marker
+        waiting = await world.submit(BOB, "org/a")
+        assert world.status(waiting) is Status.QUEUED
+        world.connection.close()
+
+        again = World(tmp_path, [spec("org/a")])
+        again.jobs.recover()
+        await again.start()
+        assert again.status(started) is Status.ERROR
+        assert "restarted while your request was running" in again.store.get(started).description
+        assert again.replica("org/a").ran == [waiting]
+        assert again.status(waiting) is Status.DISPATCHED
+
+    run(body())
+
+
+@pytest.mark.parametrize("level", [Level.HOT, Level.WARM])
+def test_levels_are_enums_that_read_as_their_names(level):
+    assert level == level.value and f"{level}" == level.value and json.dumps(level) == f'"{level.value}"'
