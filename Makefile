@@ -6,7 +6,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install browser serve test bench clean
+.PHONY: install browser services serve test bench clean
 
 install: $(VENV)/.installed browser
 
@@ -25,10 +25,19 @@ browser:
 			|| echo "Could not install chromium: the browser tests will fail." >&2; \
 	fi
 
+# The cluster-part tests start Debian's redis-server on loopback (never a system
+# service): install the package when it is missing and we can, as for chromium.
+services:
+	@if ! command -v redis-server >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing redis-server for the tests ..."; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
+			|| echo "Could not install redis-server: the Redis tests will fail." >&2; \
+	fi
+
 serve: install
 	$(BIN)/nnhost serve --demo $(ARGS)
 
-test: install
+test: install services
 	$(BIN)/python -m pytest -q $(ARGS)
 
 bench: install

@@ -10,6 +10,7 @@ lines go with its result at retention.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -18,7 +19,7 @@ import pytest
 
 from nnhost.config import Settings
 from nnhost.execution.events import JobEvent
-from nnhost.jobs.events import EventBus
+from nnhost.jobs.bus import LocalEventBus
 from nnhost.jobs.job import Job, Status
 from nnhost.jobs.scheduler import Scheduler
 from nnhost.jobs.service import JobService
@@ -45,7 +46,7 @@ def service(tmp_path):
     settings = Settings(data_dir=tmp_path, time_limit=60, kill_grace=5)
     store = JobStore(connect(tmp_path / "db.sqlite3"))
     service = JobService(
-        settings, store, EventBus(), Scheduler(), Replicas(),
+        settings, store, LocalEventBus(), Scheduler(), Replicas(),
         BlobDir(tmp_path / "payloads", ".payload"), BlobDir(tmp_path / "results", ".result"), None,
     )
     return service
@@ -62,7 +63,7 @@ def running_job(service, job_id, *, deployment="org/model", status=Status.RUNNIN
 
 
 def frames(service, session_id):
-    queue = service.bus.owner(session_id).queue
+    queue = asyncio.run(service.bus.owner(session_id)).queue
     out = []
     while not queue.empty():
         frame = queue.get_nowait()
@@ -142,7 +143,7 @@ def test_text_sqlite_cannot_store_is_cleaned_not_raised(service):
 
 
 def test_a_log_flood_leaves_at_most_the_cap_and_ends_with_one_notice(service, tmp_path):
-    session = service.bus.open(user_id=1)
+    session = asyncio.run(service.bus.open(user_id=1))
     running_job(service, "flood0", session=session.id)
     line = "y" * 8191  # the longest line a worker sends; 12,800 of them are 100 MiB
     cap = service.settings.max_log_bytes
@@ -165,7 +166,7 @@ def test_a_log_flood_leaves_at_most_the_cap_and_ends_with_one_notice(service, tm
 def test_the_line_cap_holds_too(tmp_path):
     settings = Settings(data_dir=tmp_path, max_log_lines=3)
     store = JobStore(connect(tmp_path / "db.sqlite3"))
-    service = JobService(settings, store, EventBus(), Scheduler(), Replicas(),
+    service = JobService(settings, store, LocalEventBus(), Scheduler(), Replicas(),
                          BlobDir(tmp_path / "p", ".p"), BlobDir(tmp_path / "r", ".r"), None)
     running_job(service, "l0")
     for i in range(10):

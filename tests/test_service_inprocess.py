@@ -23,7 +23,7 @@ from nnhost.deployments.contract import Level, ReplicaStatus
 from nnhost.deployments.incidents import Incident
 from nnhost.deployments.manager import DeploymentManager
 from nnhost.execution.events import JobEvent
-from nnhost.jobs.events import EventBus
+from nnhost.jobs.bus import LocalEventBus
 from nnhost.jobs.job import Status
 from nnhost.jobs.scheduler import Scheduler
 from nnhost.jobs.service import JobService, Submission
@@ -44,7 +44,7 @@ class World:
         self.fleet = FakeFleet()
         self.connection = connect(tmp_path / "jobs.sqlite3")
         self.store = JobStore(self.connection)
-        self.bus = EventBus()
+        self.bus = LocalEventBus()
         self.scheduler = Scheduler()
         self.payloads = BlobDir(tmp_path / "payloads", ".payload")
         self.results = BlobDir(tmp_path / "results", ".result")
@@ -98,7 +98,7 @@ def test_a_job_goes_through_every_status_to_its_session(tmp_path):
         world = await World(tmp_path, [spec("org/a")]).start()
         replica = world.replica("org/a")
         assert replica.health().state is ReplicaStatus.RUNNING
-        session = world.bus.open(ADA.user_id)
+        session = await world.bus.open(ADA.user_id)
         job_id = await world.submit(ADA, "org/a", session.id)
         assert world.status(job_id) is Status.DISPATCHED and replica.ran == [job_id]
         replica.run()

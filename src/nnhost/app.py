@@ -26,7 +26,7 @@ from .deployments.catalog import Catalog, ModelSpec
 from .deployments.manager import DeploymentManager
 from .deployments.replica import LocalReplica
 from .deployments.sizing import device_shares, tensor_bytes
-from .jobs.events import EventBus
+from .jobs.bus import EventBus, LocalEventBus
 from .jobs.scheduler import Scheduler
 from .jobs.service import JobService
 from .jobs.store import JobStore, connect
@@ -154,6 +154,15 @@ def worker_environ(settings: Settings, catalog: Catalog) -> dict:
     return environ
 
 
+def make_bus(settings: Settings) -> EventBus:
+    """In-process by default; over Redis (``events = "redis://..."``) for several API processes."""
+    if not settings.events:
+        return LocalEventBus()
+    from .jobs.bus_redis import RedisEventBus
+
+    return RedisEventBus(settings.events)
+
+
 def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
     from .api import accounts as account_pages
     from .api import admin, admin_page, hub, protocol, service, status_page
@@ -175,7 +184,8 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
             settings, keys, local_admin_email=ADMIN_EMAIL, unfinished_jobs=store.unfinished_count
         )
         accounts = Accounts(settings, connection, keys, access)
-        bus = EventBus()
+        bus = make_bus(settings)
+        await bus.start()
         scheduler = Scheduler()
         results = BlobDir(settings.data_dir / "results", ".result")
         payloads = BlobDir(settings.data_dir / "payloads", ".payload")
@@ -244,6 +254,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
             warmup.cancel()
             await jobs.drain(settings.shutdown_grace)
             await asyncio.to_thread(deployments.stop)
+            await bus.stop()
             connection.close()
 
     app = FastAPI(title="nnhost", lifespan=lifespan, docs_url="/docs", redoc_url=None)

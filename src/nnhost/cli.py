@@ -35,6 +35,7 @@ def _serve(args: argparse.Namespace) -> int:
             "memory_budget": ",".join(args.memory_budget) or None,
             "forwarded_allow_ips": args.forwarded_allow_ips,
             "log_format": args.log_format,
+            "events": args.events,
         },
         Path(args.config) if args.config else None,
     )
@@ -44,6 +45,11 @@ def _serve(args: argparse.Namespace) -> int:
     if problem:
         print(f"nnhost serve: {problem}", file=sys.stderr)
         return 2
+    if settings.events:
+        problem = _unreachable(settings.events)
+        if problem:
+            print(f"nnhost serve: events = {settings.events!r}: {problem}", file=sys.stderr)
+            return 2
     from .telemetry.logs import configure
 
     configure(settings.log_format, args.log_level)
@@ -121,6 +127,17 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _unreachable(url: str) -> Optional[str]:
+    """Why the events Redis cannot be used, checked before anything starts; None if it can."""
+    import redis
+
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5).ping()
+    except (redis.RedisError, OSError, ValueError) as error:
+        return f"cannot reach Redis ({error}). Start it, or leave events unset for one process."
+    return None
+
+
 def _demo_model(args: argparse.Namespace) -> int:
     from .config import load_settings
     from .models.demo import DEMO_REPO_ID, build_demo_model
@@ -176,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="proxies whose X-Forwarded-For is believed, comma-separated (default none)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--events", default=None, metavar="URL",
+                       help="carry job updates over Redis (redis://HOST:PORT) for several API processes")
     serve.add_argument("--log-format", default=None, choices=["text", "json"],
                        help="server log lines: text (default) or one JSON object per line")
     serve.set_defaults(run=_serve)

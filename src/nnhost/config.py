@@ -133,6 +133,8 @@ class Settings(BaseSettings):
     allow_insecure: bool = False
     #: Who may make an account on the web pages: "open", "invite" (a code from the CLI) or "closed".
     signup: Literal["open", "invite", "closed"] = "open"
+    #: Where job updates travel between processes: none (in this process) or a Redis URL.
+    events: Optional[str] = None
     #: Server log lines: "text", or "json" (one object per line, with job and request ids).
     log_format: Literal["text", "json"] = "text"
     #: Seconds a web login lasts.
@@ -197,6 +199,15 @@ class Settings(BaseSettings):
 
         LimitPolicy(tables, max_request_bytes=1)  # raises LimitsConfigError, naming the entry
         return tables
+
+    @field_validator("events")
+    @classmethod
+    def _events(cls, value: Optional[str]) -> Optional[str]:
+        if value in (None, ""):
+            return None
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("use a Redis URL: redis://HOST:PORT[/DB], rediss://... or unix://PATH")
+        return value
 
     @field_validator("data_dir")
     @classmethod

@@ -148,7 +148,7 @@ async def subscribe(websocket: WebSocket):
     server = server_of_socket(websocket)
     principal = identify(server, websocket.headers.get(API_KEY_HEADER))
     await websocket.accept()
-    session = server.bus.open(principal.user_id if principal else None)
+    session = await server.bus.open(principal.user_id if principal else None)
     receiver = getter = None
     try:
         await websocket.send_text(json.dumps({"session_id": session.id}))
@@ -157,7 +157,7 @@ async def subscribe(websocket: WebSocket):
         receiver = asyncio.ensure_future(websocket.receive())
         while True:
             if getter is None:
-                getter = asyncio.ensure_future(session.queue.get())
+                getter = asyncio.ensure_future(session.next())
             done, _ = await asyncio.wait({receiver, getter}, return_when=asyncio.FIRST_COMPLETED)
             if getter in done:
                 frame, getter = getter.result(), None
@@ -172,7 +172,7 @@ async def subscribe(websocket: WebSocket):
     except (WebSocketDisconnect, RuntimeError, OSError):
         pass
     finally:
-        server.bus.close(session.id)
         for task in (receiver, getter):
             if task is not None:
                 task.cancel()
+        await server.bus.close(session.id)

@@ -28,7 +28,7 @@ from ..execution.events import JobEvent, JobSpec
 from ..storage.results import BlobDir, LinkSigner
 from ..units import format_size
 from ..wire import Response
-from .events import EventBus
+from .bus import EventBus
 from .intake import LogBudget, check_event, clean_text, event_job_id, one_line, runtime_of
 from .job import Job, Status
 from .observer import JobObserver, Observers
@@ -99,7 +99,7 @@ class JobService(Upkeep):
                 f"Models served here: {self.deployments.catalog.describe()}."
             )
         if submission.session_id:
-            session = self.bus.owner(submission.session_id)
+            session = await self.bus.owner(submission.session_id)
             if session is None or session.user_id != principal.user_id:
                 raise SessionNotOwned(
                     "The request names a websocket session that is not open for your "

@@ -1,0 +1,197 @@
+"""The event bus over Redis: sessions held by one process, updates published by any.
+
+Each session has a channel (``PREFIX:session:ID``) and an owner record
+(``PREFIX:owner:ID``, the user id, with a lifetime refreshed while the session
+is open). The process holding a session's websocket subscribes to its channel
+before `open` returns, so nothing published after the client learnt its
+session id can be missed. One pub/sub connection per process carries every
+session it holds; one writer task publishes in the order ``publish`` was
+called, so a job's updates arrive in order. A session held by this process is
+served without the round trip.
+
+Frames are tagged on the wire (``t`` text, ``b`` bytes) so a pickled result
+frame stays a binary websocket frame. What arrives from Redis is checked
+(known channel, known tag) and anything else dropped: the bus must never
+raise into the job service or a websocket. It knows nothing of HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from typing import Optional
+
+import redis.asyncio as aioredis
+
+from .bus import Frame, Session, new_session_id
+
+log = logging.getLogger("nnhost.bus")
+
+#: Seconds an owner record outlives its last refresh (a process that died leaves none for long).
+OWNER_TTL = 3600
+REFRESH_EVERY = OWNER_TTL / 3
+
+
+class BusUnavailable(RuntimeError):
+    """Redis could not be reached (at start)."""
+
+
+def encode(frame: Frame) -> bytes:
+    return b"b" + frame if isinstance(frame, bytes) else b"t" + frame.encode("utf-8")
+
+
+def decode(data: bytes) -> Optional[Frame]:
+    if data[:1] == b"b":
+        return data[1:]
+    if data[:1] == b"t":
+        return data[1:].decode("utf-8", "replace")
+    return None
+
+
+class RedisEventBus:
+    def __init__(self, url: str, prefix: str = "nnhost") -> None:
+        self.url = url
+        self.prefix = prefix
+        self._redis = aioredis.from_url(url)
+        self._pubsub = None
+        self._sessions: dict[str, Session] = {}
+        self._confirmed: dict[str, asyncio.Future] = {}
+        self._outgoing: "asyncio.Queue[tuple[str, bytes]]" = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
+        #: A channel of this process's own, so the reader always has a subscription.
+        self._home = f"{prefix}:bus:{secrets.token_hex(8)}"
+
+    def _channel(self, session_id: str) -> str:
+        return f"{self.prefix}:session:{session_id}"
+
+    def _owner_key(self, session_id: str) -> str:
+        return f"{self.prefix}:owner:{session_id}"
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        try:
+            await self._redis.ping()
+        except Exception as error:
+            raise BusUnavailable(f"cannot reach Redis at {self.url}: {error}") from error
+        self._pubsub = self._redis.pubsub()
+        await self._subscribe(self._home)
+        self._tasks = [
+            asyncio.create_task(self._read(), name="bus-read"),
+            asyncio.create_task(self._write(), name="bus-write"),
+            asyncio.create_task(self._refresh(), name="bus-refresh"),
+        ]
+        await self._confirmation(self._home)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for session_id in list(self._sessions):
+            await self._redis.delete(self._owner_key(session_id))
+        self._sessions.clear()
+        if self._pubsub is not None:
+            await self._pubsub.aclose()
+        await self._redis.aclose()
+
+    # -- sessions ----------------------------------------------------------------------
+
+    async def open(self, user_id: Optional[int]) -> Session:
+        session = Session(new_session_id(), user_id)
+        self._sessions[session.id] = session
+        await self._redis.set(self._owner_key(session.id), json.dumps({"user_id": user_id}),
+                              ex=OWNER_TTL)
+        channel = self._channel(session.id)
+        await self._subscribe(channel)
+        await self._confirmation(channel)
+        return session
+
+    async def close(self, session_id: str) -> None:
+        if self._sessions.pop(session_id, None) is None:
+            return
+        await self._redis.delete(self._owner_key(session_id))
+        await self._pubsub.unsubscribe(self._channel(session_id))
+
+    async def owner(self, session_id: str) -> Optional[Session]:
+        local = self._sessions.get(session_id)
+        if local is not None:
+            return local
+        raw = await self._redis.get(self._owner_key(session_id))
+        try:
+            user_id = json.loads(raw)["user_id"] if raw is not None else None
+        except (ValueError, TypeError, KeyError):
+            return None
+        if raw is None or not (user_id is None or isinstance(user_id, int)):
+            return None
+        return Session(session_id, user_id)
+
+    def publish(self, session_id: str, frame: Frame) -> None:
+        local = self._sessions.get(session_id)
+        if local is not None:
+            local.queue.put_nowait(frame)
+        else:
+            self._outgoing.put_nowait((self._channel(session_id), encode(frame)))
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    # -- the connection's tasks ----------------------------------------------------------
+
+    async def _subscribe(self, channel: str) -> None:
+        self._confirmed[channel] = asyncio.get_running_loop().create_future()
+        await self._pubsub.subscribe(channel)
+
+    async def _confirmation(self, channel: str) -> None:
+        """Wait until Redis says the subscription to ``channel`` is in place."""
+        try:
+            await asyncio.wait_for(self._confirmed[channel], 10)
+        finally:
+            self._confirmed.pop(channel, None)
+
+    async def _read(self) -> None:
+        prefix = f"{self.prefix}:session:"
+        while True:
+            try:
+                message = await self._pubsub.get_message(timeout=1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reading from Redis failed; retrying")
+                await asyncio.sleep(1)
+                continue
+            if message is None:
+                continue
+            channel = message.get("channel")
+            channel = channel.decode("utf-8", "replace") if isinstance(channel, bytes) else str(channel)
+            if message.get("type") == "subscribe":
+                waiter = self._confirmed.get(channel)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(True)
+                continue
+            if message.get("type") != "message" or not channel.startswith(prefix):
+                continue
+            session = self._sessions.get(channel[len(prefix):])
+            data = message.get("data")
+            frame = decode(data) if isinstance(data, bytes) else None
+            if session is not None and frame is not None:
+                session.queue.put_nowait(frame)
+
+    async def _write(self) -> None:
+        while True:
+            channel, payload = await self._outgoing.get()
+            try:
+                await self._redis.publish(channel, payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("publishing to Redis failed; the update for %s is lost", channel)
+
+    async def _refresh(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_EVERY)
+            for session_id in list(self._sessions):
+                try:
+                    await self._redis.expire(self._owner_key(session_id), OWNER_TTL)
+                except Exception:
+                    log.exception("could not refresh session %s", session_id)
