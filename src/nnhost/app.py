@@ -154,6 +154,15 @@ def worker_environ(settings: Settings, catalog: Catalog) -> dict:
     return environ
 
 
+def replica_factory(settings: Settings):
+    """Processes on this machine by default; Ray actors where Ray places them with ``cluster``."""
+    if not settings.cluster:
+        return LocalReplica
+    from .deployments.ray_replica import RayReplicas
+
+    return RayReplicas(settings.cluster)
+
+
 def make_bus(settings: Settings) -> EventBus:
     """In-process by default; over Redis (``events = "redis://..."``) for several API processes."""
     if not settings.events:
@@ -209,7 +218,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
             has_work=has_work,
             worker_environ=worker_environ(settings, catalog),
             budgets=memory_budgets(settings, catalog),
-            replica_factory=LocalReplica,
+            replica_factory=replica_factory(settings),
             torch_threads=settings.torch_threads,
             kill_grace=settings.kill_grace,
         )

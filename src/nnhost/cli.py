@@ -36,6 +36,7 @@ def _serve(args: argparse.Namespace) -> int:
             "forwarded_allow_ips": args.forwarded_allow_ips,
             "log_format": args.log_format,
             "events": args.events,
+            "cluster": args.cluster,
         },
         Path(args.config) if args.config else None,
     )
@@ -193,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="proxies whose X-Forwarded-For is believed, comma-separated (default none)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--cluster", default=None, metavar="ADDRESS",
+                       help="run replicas on a Ray cluster: auto, or its address (HOST:PORT)")
     serve.add_argument("--events", default=None, metavar="URL",
                        help="carry job updates over Redis (redis://HOST:PORT) for several API processes")
     serve.add_argument("--log-format", default=None, choices=["text", "json"],

@@ -133,6 +133,8 @@ class Settings(BaseSettings):
     allow_insecure: bool = False
     #: Who may make an account on the web pages: "open", "invite" (a code from the CLI) or "closed".
     signup: Literal["open", "invite", "closed"] = "open"
+    #: Where replicas run: none (processes on this machine), "auto" or a Ray address (HOST:PORT).
+    cluster: Optional[str] = None
     #: Where job updates travel between processes: none (in this process) or a Redis URL.
     events: Optional[str] = None
     #: Server log lines: "text", or "json" (one object per line, with job and request ids).

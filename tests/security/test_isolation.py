@@ -26,10 +26,12 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
+import nnhost
 from conftest import API_KEY, TEST_REPO
 from nnhost.execution.job_process import TEST_MAGIC, TEST_SEPARATOR
 from nnhost.testing import ServerProcess
@@ -233,7 +235,11 @@ class TestStateLeftForTheNextUser:
         first = hostile(next_user_is_served, mallory, self.LEAVE % (nonce, nonce), remote_model)
         assert reported(first) == [True] * 9, first  # every change was made
         found = reported(hostile(next_user_is_served, mallory, self.CHECK % nonce[::-1], remote_model))
-        assert found["tmp"] in ([], [".nnhost-etc"]), found
+        # The private /tmp holds the worker's own /etc and, when this checkout lies under
+        # /tmp, the mount that makes its code importable: nothing the first job left.
+        code = {Path(p).resolve().parts[2] for p in (sys.prefix, nnhost.__file__)
+                if Path(p).resolve().parts[1:2] == ("tmp",)}
+        assert set(found["tmp"]) <= {".nnhost-etc"} | code, found
         assert found["forward hooks"] == 0 and found["pre hooks"] == 0, found
         assert found["function modes"] == 0 and found["default device"] == "cpu", found
         assert found["grads"] == 0 and found["add"] == [2.0, 2.0], found

@@ -1,0 +1,129 @@
+"""The node side of a Ray replica: a Ray actor that runs a `LocalReplica` where Ray put it.
+
+Ray places the actor on a node that has the resources the catalog asks for;
+the actor then runs jobs exactly as a local replica does (same host process,
+same containment, same job processes, same checks), on that node. It is the
+controller's only contact there: a job arrives as its spec and payload bytes
+(never a path of the controller's), is written to the actor's own spool
+directory, and its result leaves as bytes with its COMPLETED event. Everything
+the replica reports is queued as plain data that the controller collects with
+a long poll (`events`), since an actor cannot call back into the controller.
+
+This module is imported inside Ray workers; it must not import the API, the
+job service or the database.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any, Optional
+
+from ..execution.events import JobEvent, JobSpec
+from ..execution.worker import WorkerOptions
+from .contract import ReplicaState
+from .incidents import Incident
+from .replica import LocalReplica
+
+#: Items kept for a controller that stopped collecting (it would be gone by then).
+MAX_PENDING = 100_000
+
+
+class ReplicaHost:
+    def __init__(self, name: str, options: dict, kill_grace: float) -> None:
+        self._changed = threading.Condition()
+        self._pending: deque = deque()
+        self._first = 0  # sequence number of _pending[0]
+        self._spool = Path(tempfile.mkdtemp(prefix="nnhost-ray-replica-"))
+        self._specs: dict[str, JobSpec] = {}
+        self.replica = LocalReplica(
+            name, WorkerOptions(**options), on_job_event=self._job_event, on_state=self._state,
+            on_idle=self._idle, on_incident=self._incident, kill_grace=kill_grace,
+        )
+        self.replica.start()
+
+    # -- called by the controller -------------------------------------------------------
+
+    def where(self) -> dict:
+        import ray
+
+        context = ray.get_runtime_context()
+        return {"node_id": context.get_node_id(), "address": ray.util.get_node_ip_address()}
+
+    def submit(self, spec: dict, payload: bytes) -> None:
+        job_id = spec["job_id"]
+        payload_path = self._spool / f"{job_id}.payload"
+        payload_path.write_bytes(payload)
+        local = JobSpec(**{**spec, "payload_path": str(payload_path),
+                           "result_path": str(self._spool / f"{job_id}.result"),
+                           "started_path": "", "payload_fd": -1, "result_fd": -1})
+        self._specs[job_id] = local
+        try:
+            self.replica.submit(local)
+        except Exception:
+            self._forget(job_id)
+            raise
+
+    def cancel(self, job_id: str) -> bool:
+        return self.replica.cancel(job_id)
+
+    def place(self, device: str) -> None:
+        self.replica.place(device)
+
+    def stop(self) -> None:
+        self.replica.stop()
+        shutil.rmtree(self._spool, ignore_errors=True)
+
+    def events(self, after: int, timeout: float) -> tuple[int, list]:
+        """Items with sequence numbers from ``after`` on, waiting up to ``timeout`` for one."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._first + len(self._pending) > after, timeout)
+            while self._pending and self._first < after:
+                self._pending.popleft()  # the controller has these
+                self._first += 1
+            return self._first + len(self._pending), list(self._pending)
+
+    # -- the local replica's callbacks (its threads) ----------------------------------------
+
+    def _push(self, item: dict) -> None:
+        with self._changed:
+            self._pending.append(item)
+            while len(self._pending) > MAX_PENDING:
+                self._pending.popleft()
+                self._first += 1
+            self._changed.notify_all()
+
+    def _job_event(self, event: JobEvent) -> None:
+        item: dict[str, Any] = {"kind": "job", "event": event.to_dict()}
+        if event.status in ("COMPLETED", "ERROR"):
+            spec = self._specs.get(event.job_id)
+            if event.status == "COMPLETED" and spec is not None:
+                item["result"] = _read(spec.result_path)
+            self._forget(event.job_id)
+        self._push(item)
+
+    def _state(self, state: ReplicaState) -> None:
+        self._push({"kind": "state", "state": state.state.value, "description": state.description,
+                    "weight_bytes": state.weight_bytes, "containment": state.containment})
+
+    def _idle(self) -> None:
+        self._push({"kind": "idle", "accepting": self.replica.accepting})
+
+    def _incident(self, kind: Incident) -> None:
+        self._push({"kind": "incident", "incident": kind.value})
+
+    def _forget(self, job_id: str) -> None:
+        spec = self._specs.pop(job_id, None)
+        if spec is not None:
+            for path in (spec.payload_path, spec.result_path):
+                Path(path).unlink(missing_ok=True)
+
+
+def _read(path: str) -> Optional[bytes]:
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return None

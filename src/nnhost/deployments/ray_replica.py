@@ -1,0 +1,272 @@
+"""Replicas on a Ray cluster: the controller's side of a `ray_host.ReplicaHost` actor.
+
+`RayReplicas` is the `contract.ReplicaFactory` for ``cluster = "auto"`` or a
+Ray address: it joins the cluster once, and each `RayReplica` it builds asks
+Ray for an actor with the resources the model needs (a GPU per CUDA device it
+spans, its size as memory), so Ray places it on a node that has them. The
+actor runs the job exactly as a local replica would; this side keeps the
+contract's view of it (state, busy, accepting) from the actor's reports,
+collected by one thread per replica with a long poll.
+
+A job goes out as its spec and payload bytes, and the "may have started"
+marker is written here before it does; its result comes back as bytes with
+its COMPLETED event and is written where the job service expects it. If the
+actor or its node is lost, the running job fails with an ERROR that says so,
+the loss is counted as a worker restart, and a new actor is asked for: Ray
+places it on a node that is still there.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Optional
+
+from ..execution.events import JobEvent, JobSpec
+from ..execution.worker import WorkerOptions
+from .contract import OnIdle, OnIncident, OnJobEvent, OnState, ReplicaState, ReplicaStatus
+from .incidents import Incident
+
+log = logging.getLogger("nnhost.ray")
+
+POLL_SECONDS = 2.0
+CALL_TIMEOUT = 60.0
+RESTART_DELAY = 1.0
+
+
+class RayReplicas:
+    """Joins the Ray cluster at ``address`` ("auto", "HOST:PORT" or "ray://HOST:PORT")."""
+
+    def __init__(self, address: str, namespace: str = "nnhost") -> None:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=address, namespace=namespace, log_to_driver=False,
+                     ignore_reinit_error=True)
+        self._actor_class = ray.remote(_host_class())
+
+    def __call__(self, name: str, options: WorkerOptions, *, on_job_event: OnJobEvent,
+                 on_state: OnState, on_idle: OnIdle, on_incident: OnIncident,
+                 kill_grace: float) -> "RayReplica":
+        return RayReplica(name, options, self._actor_class, on_job_event=on_job_event,
+                          on_state=on_state, on_idle=on_idle, on_incident=on_incident,
+                          kill_grace=kill_grace)
+
+
+def _host_class():
+    from .ray_host import ReplicaHost
+
+    return ReplicaHost
+
+
+def resources_for(options: WorkerOptions, size_bytes: Optional[int]) -> dict:
+    """What to ask Ray for: a GPU per CUDA device the model is placed on, and its memory."""
+    devices = {options.home_device}
+    gpus = sum(1 for device in devices if device.startswith("cuda"))
+    wanted: dict = {"num_cpus": 1}
+    if gpus:
+        wanted["num_gpus"] = gpus
+    if size_bytes:
+        wanted["memory"] = int(size_bytes)
+    return wanted
+
+
+class RayReplica:
+    def __init__(self, name: str, options: WorkerOptions, actor_class, *, on_job_event: OnJobEvent,
+                 on_state: OnState, on_idle: OnIdle, on_incident: OnIncident,
+                 kill_grace: float, size_bytes: Optional[int] = None) -> None:
+        self.name = name
+        self.options = options
+        self._actor_class = actor_class
+        self._on_job_event, self._on_state, self._on_idle = on_job_event, on_state, on_idle
+        self._on_incident = on_incident
+        self._kill_grace = kill_grace
+        self._size = size_bytes
+        self._lock = threading.RLock()
+        self._actor = None
+        self._generation = 0
+        self._state = ReplicaState(ReplicaStatus.NOT_STARTED, "Not started.")
+        self._current: Optional[JobSpec] = None
+        self._remote_accepting = False
+        self._stopping = False
+        #: Where the actor runs, for /status and the operator.
+        self.node: dict = {}
+
+    # -- the Replica contract ---------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return self._current is not None
+
+    @property
+    def accepting(self) -> bool:
+        return (self._current is None and self._remote_accepting
+                and self._state.state is ReplicaStatus.RUNNING)
+
+    @property
+    def pid(self) -> Optional[int]:
+        return None  # the process is on a Ray node, perhaps another machine
+
+    def health(self) -> ReplicaState:
+        return self._state
+
+    def start(self) -> None:
+        with self._lock:
+            self._stopping = False
+            self._generation += 1
+            generation = self._generation
+            wanted = resources_for(self.options, self._size)
+            self._actor = self._actor_class.options(max_concurrency=8, **wanted).remote(
+                self.name, asdict(self.options), self._kill_grace)
+            self._set_state(ReplicaState(ReplicaStatus.DEPLOYING, "Asking the Ray cluster for a node."))
+        threading.Thread(target=self._collect, args=(self._actor, generation),
+                         name=f"ray-{self.name}", daemon=True).start()
+
+    def submit(self, spec: JobSpec) -> None:
+        import ray
+
+        with self._lock:
+            if not self.accepting or self._actor is None:
+                raise RuntimeError(f"{self.name} is not accepting a job now")
+            payload = Path(spec.payload_path).read_bytes()
+            if spec.started_path:
+                Path(spec.started_path).touch()  # from here on the job may have run
+            self._current, self._remote_accepting = spec, False
+            actor = self._actor
+        wire = {key: value for key, value in asdict(spec).items()
+                if key not in ("payload_path", "result_path", "started_path", "payload_fd", "result_fd")}
+        try:
+            ray.get(actor.submit.remote(wire, payload), timeout=CALL_TIMEOUT)
+        except Exception as error:
+            with self._lock:
+                if self._current is spec:
+                    self._current = None
+            raise RuntimeError(f"{self.name} refused the job: {error}") from error
+
+    def cancel(self, job_id: str) -> bool:
+        import ray
+
+        with self._lock:
+            if self._current is None or self._current.job_id != job_id or self._actor is None:
+                return False
+            actor = self._actor
+        try:
+            return bool(ray.get(actor.cancel.remote(job_id), timeout=CALL_TIMEOUT))
+        except Exception:
+            return False
+
+    def place(self, device: str) -> None:
+        with self._lock:
+            self.options.device = device
+            if self._actor is not None:
+                self._actor.place.remote(device)
+
+    def stop(self) -> None:
+        import ray
+
+        with self._lock:
+            self._stopping = True
+            actor, self._actor = self._actor, None
+        if actor is not None:
+            try:
+                ray.get(actor.stop.remote(), timeout=CALL_TIMEOUT)
+            except Exception:
+                pass
+            ray.kill(actor)
+        self._set_state(ReplicaState(ReplicaStatus.NOT_STARTED, "Stopped."))
+
+    # -- what the actor reports -------------------------------------------------------------
+
+    def _collect(self, actor, generation: int) -> None:
+        import ray
+
+        cursor = 0
+        try:
+            self.node = ray.get(actor.where.remote(), timeout=600)
+        except Exception as error:
+            self._lost(generation, error)
+            return
+        while True:
+            with self._lock:
+                if generation != self._generation or self._stopping:
+                    return
+            try:
+                cursor, items = ray.get(actor.events.remote(cursor, POLL_SECONDS),
+                                        timeout=POLL_SECONDS + CALL_TIMEOUT)
+            except Exception as error:
+                self._lost(generation, error)
+                return
+            for item in items:  # exactly those after the previous cursor
+                self._take(item)
+
+    def _take(self, item: dict) -> None:
+        kind = item.get("kind")
+        if kind == "state":
+            try:
+                state = ReplicaStatus(item.get("state"))
+            except ValueError:
+                return
+            where = (f" On Ray node {self.node.get('node_id', '?')} ({self.node.get('address', '?')})."
+                     if self.node else "")
+            self._set_state(ReplicaState(state, f"{item.get('description') or ''}{where}",
+                                         item.get("weight_bytes"), item.get("containment")))
+        elif kind == "idle":
+            self._remote_accepting = bool(item.get("accepting"))
+            self._on_idle()
+        elif kind == "incident":
+            try:
+                self._on_incident(Incident(item.get("incident")))
+            except ValueError:
+                pass
+        elif kind == "job":
+            self._job(item)
+
+    def _job(self, item: dict) -> None:
+        try:
+            event = JobEvent.from_dict(item["event"])
+        except (KeyError, TypeError):
+            return
+        with self._lock:
+            spec = self._current
+        if spec is None or event.job_id != spec.job_id:
+            return
+        if event.status == "COMPLETED":
+            result = item.get("result")
+            if not isinstance(result, bytes) or len(result) != event.result_size:
+                event = JobEvent(spec.job_id, "ERROR", "The result was lost on its way from the "
+                                 "Ray node. You can resubmit your request.", meta=event.meta)
+            else:
+                Path(spec.result_path).write_bytes(result)
+        if event.status in ("COMPLETED", "ERROR"):
+            with self._lock:
+                self._current = None
+        self._on_job_event(event)
+
+    def _lost(self, generation: int, error: BaseException) -> None:
+        with self._lock:
+            if generation != self._generation or self._stopping:
+                return
+            spec, self._current = self._current, None
+            self._actor, self._remote_accepting = None, False
+        log.warning("replica %s lost its Ray actor: %s", self.name, error)
+        if spec is not None:
+            self._on_job_event(JobEvent(
+                spec.job_id, "ERROR",
+                "The machine running your request was lost (its Ray node or worker stopped). "
+                "You can resubmit your request.",
+            ))
+        self._on_incident(Incident.WORKER_RESTART)
+        self._set_state(ReplicaState(ReplicaStatus.DEPLOYING,
+                                     "Lost its Ray node; starting again where Ray has room."))
+        time.sleep(RESTART_DELAY)
+        with self._lock:
+            if self._stopping or generation != self._generation:
+                return
+        self.start()
+
+    def _set_state(self, state: ReplicaState) -> None:
+        self._state = state
+        self._on_state(state)
