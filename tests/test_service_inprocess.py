@@ -55,6 +55,7 @@ class World:
             on_change=lambda name: self.jobs.on_change(name),
             has_work=lambda name: self.jobs.has_work(name),
             worker_environ={}, budgets=budgets or {"cpu": 1 << 40}, replica_factory=self.fleet,
+            scale_down_after=self.settings.scale_down_after,
         )
         self.metrics = Metrics(self.deployments, self.scheduler.waiting, lambda: len(self.bus))
         self.jobs = JobService(
@@ -273,3 +274,44 @@ def test_after_a_restart_what_may_have_run_fails_and_the_rest_runs(tmp_path):
 @pytest.mark.parametrize("level", [Level.HOT, Level.WARM])
 def test_levels_are_enums_that_read_as_their_names(level):
     assert level == level.value and f"{level}" == level.value and json.dumps(level) == f'"{level.value}"'
+
+
+def test_a_model_grows_while_jobs_wait_and_shrinks_back_when_idle(tmp_path):
+    async def body():
+        world = await World(
+            tmp_path, [spec("org/a", 40 * MiB, replicas=1, max_replicas=3)],
+            budgets={"cpu": 100 * MiB}, memory_margin=0, scale_down_after=60,
+        ).start()
+        deployment = world.deployments.get("org/a")
+        jobs = [await world.submit(ADA, "org/a") for _ in range(4)]
+        # One waits: a second replica is started; a third would not fit 100 MiB.
+        assert [r.name for r in deployment.replicas] == ["org/a#1", "org/a#2"]
+        running = [r.current.job_id for r in deployment.replicas]
+        assert running == jobs[:2]
+        assert world.status(jobs[2]) is Status.QUEUED
+        assert world.deployments.used("cpu") == 80 * MiB
+        for replica in list(deployment.replicas):
+            replica.run()
+            replica.complete()
+        await world.settle()
+        for replica in deployment.replicas:
+            if replica.current is not None:
+                replica.run()
+                replica.complete()
+        await world.settle()
+        assert all(world.status(job_id) is Status.COMPLETED for job_id in jobs)
+        # Idle: nothing is stopped before its time, then the extra one goes, never the minimum.
+        assert world.deployments.shrink(time.monotonic() + 10) == []
+        assert world.deployments.shrink(time.monotonic() + 61) == ["org/a#2"]
+        await world.settle()
+        assert [r.name for r in deployment.replicas] == ["org/a#1"]
+        assert world.fleet.latest("org/a#2").stopped
+        assert world.deployments.shrink(time.monotonic() + 1000) == []
+        assert world.deployments.used("cpu") == 40 * MiB
+
+    run(body())
+
+
+def test_max_replicas_below_replicas_is_refused():
+    with pytest.raises(ValueError, match="max_replicas must be at least replicas"):
+        ModelSpec.from_table({"repo_id": "org/a", "replicas": 2, "max_replicas": 1})

@@ -221,6 +221,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
             replica_factory=replica_factory(settings),
             torch_threads=settings.torch_threads,
             kill_grace=settings.kill_grace,
+            scale_down_after=settings.scale_down_after,
         )
         metrics = Metrics(deployments, scheduler.waiting, lambda: len(bus))
         jobs = JobService(
@@ -240,6 +241,8 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
             while True:
                 try:
                     # No job stays DISPATCHED or RUNNING past its limit, whatever its worker says.
+                    for name in deployments.shrink():
+                        log.info("stopped idle extra replica %s", name)
                     stuck = jobs.sweep_stuck()
                     if stuck:
                         log.warning("failed %d jobs that ran past their time limit", stuck)

@@ -125,6 +125,8 @@ class Settings(BaseSettings):
     memory_margin: float = Field(0.25, ge=0)
     #: Allow catalog models that need trust_remote_code.
     allow_trust_remote_code: bool = False
+    #: Seconds an extra replica (beyond a model's ``replicas``) stays idle before it is stopped.
+    scale_down_after: Duration = 300.0
     #: Seconds a graceful shutdown (SIGTERM) waits for running jobs before requeueing them.
     shutdown_grace: Duration = 30.0
     #: "keys": every API call needs a key. "none": everyone is the local admin (loopback only).

@@ -70,7 +70,7 @@ def overview(server) -> dict:
             "target": deployment.target,
             "state": _state(deployment),
             "replicas": {"total": len(states), "running": states.count(ReplicaStatus.RUNNING),
-                         "configured": deployment.spec.replicas},
+                         "configured": deployment.count, "most": deployment.spec.most_replicas},
             "queued": server.scheduler.waiting(name),
             "running": sum(1 for replica in deployment.replicas if replica.busy),
             **recent.summary(name),

@@ -86,7 +86,10 @@ class ModelSpec:
     devices: list = field(default_factory=list)
     #: Hold the weights quantized: one of nnsight's names (nf4, int4, fp4, int8, fp8).
     quantization: Optional[str] = None
+    #: Replicas a HOT deployment keeps (its minimum).
     replicas: int = 1
+    #: The most replicas it may grow to while jobs wait (default: ``replicas``).
+    max_replicas: Optional[int] = None
     #: Level at start: "hot", "warm" or "cold" (deployed on first request).
     deploy: str = "hot"
     #: Extra keyword arguments for the model class at load.
@@ -96,12 +99,16 @@ class ModelSpec:
     #: Of those, the bytes on each device when HOT (from ``device_map``); set by the server.
     shares: Optional[dict] = None
 
+    @property
+    def most_replicas(self) -> int:
+        return max(self.replicas, self.max_replicas or self.replicas)
+
     @classmethod
     def from_table(cls, table: dict) -> "ModelSpec":
         """An entry of ``[[model]]`` in nnhost.toml."""
         known = {"repo_id", "revision", "task", "model_class", "trust_remote_code", "dtype",
-                 "device", "replicas", "deploy", "load_kwargs", "device_map", "devices",
-                 "quantization"}
+                 "device", "replicas", "max_replicas", "deploy", "load_kwargs", "device_map",
+                 "devices", "quantization"}
         unknown = set(table) - known
         if unknown:
             raise ValueError(
@@ -115,6 +122,8 @@ class ModelSpec:
             raise ValueError(f"{spec.repo_id}: deploy must be hot, warm or cold")
         if spec.replicas < 1:
             raise ValueError(f"{spec.repo_id}: replicas must be at least 1")
+        if spec.max_replicas is not None and spec.max_replicas < spec.replicas:
+            raise ValueError(f"{spec.repo_id}: max_replicas must be at least replicas ({spec.replicas})")
         spec.check_load_options()
         return spec
 

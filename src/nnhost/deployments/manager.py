@@ -32,6 +32,7 @@ from ..units import format_size
 from ..execution.worker import WorkerOptions
 from .catalog import Catalog, ModelKey, ModelSpec
 from .incidents import Tally
+from .scaling import Scaling
 from .contract import Level, Replica, ReplicaFactory, ReplicaStatus
 from .sizing import threads_per_job
 
@@ -68,8 +69,13 @@ class Deployment:
         return self.spec.name
 
     @property
+    def count(self) -> int:
+        """Replicas it holds, or will hold once brought up (its minimum)."""
+        return len(self.replicas) or self.spec.replicas
+
+    @property
     def size(self) -> int:
-        return (self.spec.size_bytes or 0) * self.spec.replicas
+        return (self.spec.size_bytes or 0) * self.count
 
     def shares(self, level: Optional[str] = None) -> dict[str, int]:
         """Bytes this deployment holds on each device at ``level`` (its target by default).
@@ -79,7 +85,7 @@ class Deployment:
         """
         level = level or self.target
         if level == HOT:
-            return {d: size * self.spec.replicas for d, size in self.spec.hot_shares().items()}
+            return {d: size * self.count for d, size in self.spec.hot_shares().items()}
         if level == WARM:
             return {"cpu": self.size}
         return {}
@@ -122,7 +128,7 @@ class Deployment:
         return self.target
 
 
-class DeploymentManager:
+class DeploymentManager(Scaling):
     def __init__(
         self,
         catalog: Catalog,
@@ -136,7 +142,9 @@ class DeploymentManager:
         replica_factory: ReplicaFactory,
         torch_threads: int = 0,
         kill_grace: float = 10.0,
+        scale_down_after: float = 300.0,
     ) -> None:
+        self.scale_down_after = scale_down_after
         self.catalog = catalog
         self._make_replica = replica_factory
         self._loop = loop
@@ -144,10 +152,12 @@ class DeploymentManager:
         self._on_change = on_change
         self._has_work = has_work
         self._environ = dict(worker_environ)
-        self._torch_threads = threads_per_job(torch_threads, sum(spec.replicas for spec in catalog))
+        self._torch_threads = threads_per_job(torch_threads, sum(spec.most_replicas for spec in catalog))
         self._kill_grace = kill_grace
         self.budgets = dict(budgets)
         self.deployments: dict[str, Deployment] = {spec.name: Deployment(spec) for spec in catalog}
+        #: When each replica last became free (for scaling down).
+        self._idle_since: dict = {}
 
     # -- callbacks from replica threads ------------------------------------------
 
@@ -159,7 +169,7 @@ class DeploymentManager:
 
     def _replica(self, deployment: Deployment, index: int, level: Level) -> Replica:
         spec = deployment.spec
-        name = spec.name if spec.replicas == 1 else f"{spec.name}#{index + 1}"
+        name = spec.name if spec.most_replicas == 1 else f"{spec.name}#{index + 1}"
         options = WorkerOptions(
             model_key=spec.model_key(),
             load_kwargs=spec.worker_load_kwargs(),
@@ -168,15 +178,18 @@ class DeploymentManager:
             device=self._placement(spec, level),
             home_device=spec.device,
         )
-        return self._make_replica(
+        made: list = []
+        replica = self._make_replica(
             name,
             options,
             on_job_event=lambda event: self._hop(self._on_job_event, spec.name, event),
             on_state=lambda state: self._hop(self._on_change, spec.name),
-            on_idle=lambda: self._hop(self._on_change, spec.name),
+            on_idle=lambda: self._hop(self._note_idle, spec.name, made[0]),
             kill_grace=self._kill_grace,
             on_incident=deployment.tally.note,
         )
+        made.append(replica)
+        return replica
 
     @staticmethod
     def _placement(spec: ModelSpec, level: Level) -> str:
@@ -331,6 +344,7 @@ class DeploymentManager:
         if replica is None:
             raise RuntimeError(f"no idle replica of {name}")
         deployment.last_used = time.time()
+        self._note_busy(replica)
         replica.submit(spec)
 
     def cancel(self, name: str, job_id: str) -> bool:

@@ -176,6 +176,8 @@ class JobService(Upkeep):
                 self._record(job.id, Status.QUEUED, "Waiting for the model to come back.")
                 self.scheduler.enqueue(name, job.user_id, job.id)
                 break
+        if self.scheduler.waiting(name) and not self.draining:
+            self.deployments.grow(name, self.scheduler.waiting(name))
         self._announce_positions(name)
 
     def _fail_waiting(self, name: str, reason: str) -> None:
@@ -196,7 +198,7 @@ class JobService(Upkeep):
         deployment = self.deployments.get(name)
         positions = self.scheduler.positions(name)
         total = len(positions)
-        replicas = max(1, deployment.spec.replicas)
+        replicas = max(1, deployment.count)
         mean = self.scheduler.mean_runtime(name)
         for job_id, position in positions.items():
             if only is not None and job_id != only:
