@@ -13,32 +13,7 @@ import os
 
 import pytest
 
-
-class RayCluster:
-    def __init__(self, workers: int = 2) -> None:
-        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-        from ray.cluster_utils import Cluster
-
-        self.cluster = Cluster(
-            initialize_head=True, connect=False,
-            head_node_args={"node_ip_address": "127.0.0.1", "num_cpus": 0, "include_dashboard": False},
-        )
-        self.workers = [self.cluster.add_node(node_ip_address="127.0.0.1", num_cpus=1)
-                        for _ in range(workers)]
-
-    @property
-    def address(self) -> str:
-        return self.cluster.address
-
-    def node(self, node_id: str):
-        return next(node for node in self.workers if node.node_id == node_id)
-
-    def remove(self, node) -> None:
-        self.cluster.remove_node(node, allow_graceful=False)
-        self.workers.remove(node)
-
-    def shutdown(self) -> None:
-        self.cluster.shutdown()
+from nnhost.testing import RayCluster
 
 
 @pytest.fixture(scope="module")

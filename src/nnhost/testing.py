@@ -3,7 +3,9 @@
 `ServerProcess` starts ``nnhost serve`` on a free loopback port with its own
 data directory, waits until every deployment reports RUNNING, and stops it by
 PID. Tests and benchmarks drive it with the real nnsight client, so what they
-measure is what a user gets.
+measure is what a user gets. `RayCluster` is a real Ray cluster of a head and
+worker nodes on this machine, loopback only, for the Ray replica tests and
+benchmark.
 """
 
 from __future__ import annotations
@@ -142,3 +144,31 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class RayCluster:
+    def __init__(self, workers: int = 2) -> None:
+        # With this, every node's listeners stay on the loopback address it is given.
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        from ray.cluster_utils import Cluster
+
+        self.cluster = Cluster(
+            initialize_head=True, connect=False,
+            head_node_args={"node_ip_address": "127.0.0.1", "num_cpus": 0, "include_dashboard": False},
+        )
+        self.workers = [self.cluster.add_node(node_ip_address="127.0.0.1", num_cpus=1)
+                        for _ in range(workers)]
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+    def node(self, node_id: str):
+        return next(node for node in self.workers if node.node_id == node_id)
+
+    def remove(self, node) -> None:
+        self.cluster.remove_node(node, allow_graceful=False)
+        self.workers.remove(node)
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
