@@ -17,9 +17,11 @@ from nnhost.execution.events import JobEvent, JobSpec
 
 
 class FakeReplica:
-    def __init__(self, name, options, *, on_job_event, on_state, on_idle, on_incident, kill_grace):
+    def __init__(self, name, options, *, on_job_event, on_state, on_idle, on_incident, kill_grace,
+                 needs):
         self.name = name
         self.options = options
+        self.needs = needs
         self._on_job_event = on_job_event
         self._on_state = on_state
         self._on_idle = on_idle

@@ -315,3 +315,13 @@ def test_a_model_grows_while_jobs_wait_and_shrinks_back_when_idle(tmp_path):
 def test_max_replicas_below_replicas_is_refused():
     with pytest.raises(ValueError, match="max_replicas must be at least replicas"):
         ModelSpec.from_table({"repo_id": "org/a", "replicas": 2, "max_replicas": 1})
+
+
+def test_a_replica_is_asked_for_what_it_holds_on_each_device():
+    from nnhost.deployments.ray_replica import resources_for
+
+    big = ModelSpec(repo_id="org/70b", device_map={f"layer{i}": f"cuda:{i}" for i in range(8)},
+                    size_bytes=8 * 20 * MiB)
+    big.shares = {f"cuda:{i}": 20 * MiB for i in range(8)}
+    assert resources_for(big.hot_shares()) == {"num_cpus": 1, "num_gpus": 8}
+    assert resources_for({"cpu": 40 * MiB}) == {"num_cpus": 1, "memory": 40 * MiB}

@@ -98,4 +98,6 @@ class ReplicaFactory(Protocol):
         on_idle: OnIdle,
         on_incident: OnIncident,
         kill_grace: float,
-    ) -> Replica: ...
+        needs: dict[str, int],
+    ) -> Replica:
+        """``needs``: the bytes one replica holds on each device when HOT (where to place it)."""

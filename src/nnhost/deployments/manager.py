@@ -187,6 +187,7 @@ class DeploymentManager(Scaling):
             on_idle=lambda: self._hop(self._note_idle, spec.name, made[0]),
             kill_grace=self._kill_grace,
             on_incident=deployment.tally.note,
+            needs=spec.hot_shares(),
         )
         made.append(replica)
         return replica

@@ -50,10 +50,10 @@ class RayReplicas:
 
     def __call__(self, name: str, options: WorkerOptions, *, on_job_event: OnJobEvent,
                  on_state: OnState, on_idle: OnIdle, on_incident: OnIncident,
-                 kill_grace: float) -> "RayReplica":
+                 kill_grace: float, needs: dict[str, int]) -> "RayReplica":
         return RayReplica(name, options, self._actor_class, on_job_event=on_job_event,
                           on_state=on_state, on_idle=on_idle, on_incident=on_incident,
-                          kill_grace=kill_grace)
+                          kill_grace=kill_grace, needs=needs)
 
 
 def _host_class():
@@ -62,29 +62,30 @@ def _host_class():
     return ReplicaHost
 
 
-def resources_for(options: WorkerOptions, size_bytes: Optional[int]) -> dict:
-    """What to ask Ray for: a GPU per CUDA device the model is placed on, and its memory."""
-    devices = {options.home_device}
-    gpus = sum(1 for device in devices if device.startswith("cuda"))
+def resources_for(needs: dict[str, int]) -> dict:
+    """What to ask Ray for: a GPU per CUDA device one replica spans (all on one node, as
+    ``device_map`` needs), and the host memory it holds; one CPU for its processes."""
+    gpus = sum(1 for device in needs if device.startswith("cuda"))
     wanted: dict = {"num_cpus": 1}
     if gpus:
         wanted["num_gpus"] = gpus
-    if size_bytes:
-        wanted["memory"] = int(size_bytes)
+    host = needs.get("cpu", 0)
+    if host:
+        wanted["memory"] = int(host)
     return wanted
 
 
 class RayReplica:
     def __init__(self, name: str, options: WorkerOptions, actor_class, *, on_job_event: OnJobEvent,
                  on_state: OnState, on_idle: OnIdle, on_incident: OnIncident,
-                 kill_grace: float, size_bytes: Optional[int] = None) -> None:
+                 kill_grace: float, needs: Optional[dict] = None) -> None:
         self.name = name
         self.options = options
         self._actor_class = actor_class
         self._on_job_event, self._on_state, self._on_idle = on_job_event, on_state, on_idle
         self._on_incident = on_incident
         self._kill_grace = kill_grace
-        self._size = size_bytes
+        self._needs = dict(needs or {})
         self._lock = threading.RLock()
         self._actor = None
         self._generation = 0
@@ -118,7 +119,7 @@ class RayReplica:
             self._stopping = False
             self._generation += 1
             generation = self._generation
-            wanted = resources_for(self.options, self._size)
+            wanted = resources_for(self._needs)
             self._actor = self._actor_class.options(max_concurrency=8, **wanted).remote(
                 self.name, asdict(self.options), self._kill_grace)
             self._set_state(ReplicaState(ReplicaStatus.DEPLOYING, "Asking the Ray cluster for a node."))

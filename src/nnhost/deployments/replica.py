@@ -69,6 +69,7 @@ class LocalReplica(JobProcesses):
         kill_grace: float = 10.0,
         restart_delay: float = 1.0,
         on_incident: OnIncident = lambda kind: None,
+        needs: Optional[dict] = None,  # this machine's budgets already account for it
     ) -> None:
         self.name = name
         self._on_incident = on_incident
