@@ -35,6 +35,8 @@ def _serve(args: argparse.Namespace) -> int:
             "memory_budget": ",".join(args.memory_budget) or None,
             "forwarded_allow_ips": args.forwarded_allow_ips,
             "log_format": args.log_format,
+            "results": args.results,
+            "results_endpoint": args.results_endpoint,
         },
         Path(args.config) if args.config else None,
     )
@@ -76,7 +78,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    app = create_app(settings, catalog)
+    from .storage.results import ResultStoreError
+
+    try:
+        app = create_app(settings, catalog)
+    except ResultStoreError as error:
+        print(f"nnhost serve: {error}", file=sys.stderr)
+        return 2
     new_key = prepare_admin_key(settings)
     url = settings.public_url or f"http://{settings.host}:{settings.port}"
     if settings.auth == "none":
@@ -174,6 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="ADDRESSES",
         help="proxies whose X-Forwarded-For is believed, comma-separated (default none)",
+    )
+    serve.add_argument(
+        "--results", default=None, metavar="DIR|s3://BUCKET[/PREFIX]",
+        help="where results are kept (default DATA_DIR/results)",
+    )
+    serve.add_argument(
+        "--results-endpoint", default=None, metavar="URL",
+        help="an S3-compatible endpoint for s3:// results (default AWS)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--log-format", default=None, choices=["text", "json"],
