@@ -214,3 +214,13 @@ def test_serve_refuses_a_store_it_cannot_use(s3, tmp_path, server_hf_home, test_
     )
     assert done.returncode == 2, done.stderr[-2000:]
     assert says in done.stderr and target in done.stderr
+
+
+def test_contained_workers_cannot_see_a_results_directory_outside_the_data_dir(tmp_path):
+    from nnhost.execution.policy import policy_from_settings
+
+    inside = load_settings({"data_dir": str(tmp_path / "d")})
+    outside = load_settings({"data_dir": str(tmp_path / "d"), "results": str(tmp_path / "shared")})
+    assert str(tmp_path / "shared") in policy_from_settings(outside).limits.hide
+    assert str(inside.results_dir) not in policy_from_settings(inside).limits.hide  # under d
+    assert str(tmp_path / "d") in policy_from_settings(inside).limits.hide

@@ -120,6 +120,8 @@ class Upkeep:
         for job in self.store.with_status(LIVE_STATUSES):
             if job.id in self._requeued or now - job.updated_at <= allowed:
                 continue
+            if job.id in self._storing:
+                continue  # it finished; its result is being uploaded, and will be recorded
             self._record(
                 job.id,
                 Status.ERROR,
