@@ -224,3 +224,53 @@ def test_contained_workers_cannot_see_a_results_directory_outside_the_data_dir(t
     assert str(tmp_path / "shared") in policy_from_settings(outside).limits.hide
     assert str(inside.results_dir) not in policy_from_settings(inside).limits.hide  # under d
     assert str(tmp_path / "d") in policy_from_settings(inside).limits.hide
+
+
+# -- the job service on an S3 store, in-process (fake replicas, real S3) -------------------
+
+
+def test_the_service_announces_a_job_only_once_s3_holds_its_result(s3, tmp_path):
+    from test_service_inprocess import ADA, World, spec
+
+    async def body():
+        results = S3Store(f"s3://{BUCKET}/service", endpoint=s3.url, spool=tmp_path / "spool")
+        world = await World(tmp_path, [spec("org/a")], results=results).start()
+        replica = world.replica("org/a")
+        session = world.bus.open(ADA.user_id)
+        job_id = await world.submit(ADA, "org/a", session.id)
+        replica.run()
+        replica.complete(b"r" * 100)
+        await world.settle()
+        job = world.store.get(job_id)
+        assert job.status is Status.COMPLETED and job.result_size == 100
+        assert results.read(job_id) == b"r" * 100
+        assert list((tmp_path / "spool").iterdir()) == []  # the spool copy is gone
+        frames = []
+        while not session.queue.empty():
+            frames.append(session.queue.get_nowait())
+        assert frames[-1] and isinstance(frames[-1], bytes)  # inline, read back from S3
+        assert b"r" * 100 in frames[-1]
+
+    asyncio.run(body())
+
+
+def test_a_result_that_cannot_be_uploaded_ends_the_job_with_an_error(s3, tmp_path):
+    from test_service_inprocess import ADA, World, spec
+
+    async def body():
+        # No such bucket: every upload fails (the startup check would have refused it).
+        results = S3Store("s3://no-such-bucket", endpoint=s3.url, spool=tmp_path / "spool")
+        world = await World(tmp_path, [spec("org/a")], results=results).start()
+        replica = world.replica("org/a")
+        job_id = await world.submit(ADA, "org/a")
+        replica.run()
+        replica.complete(b"lost")
+        await world.settle()
+        job = world.store.get(job_id)
+        assert job.status is Status.ERROR and "could not be stored" in job.description
+        assert list((tmp_path / "spool").iterdir()) == []
+        # The next job still runs.
+        second = await world.submit(ADA, "org/a")
+        assert replica.current.job_id == second
+
+    asyncio.run(body())

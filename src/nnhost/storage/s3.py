@@ -216,8 +216,8 @@ class S3Store:
         )
 
     def delete(self, job_id: str) -> None:
+        self.staging_path(job_id).unlink(missing_ok=True)  # first: it goes even if S3 is down
         self._client.delete_object(Bucket=self.where.bucket, Key=self.where.key(job_id))
-        self.staging_path(job_id).unlink(missing_ok=True)
 
     def expire(self, before: float) -> int:
         prefix = self.where.prefix
