@@ -230,11 +230,15 @@ class Settings(BaseSettings):
             return None
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("use the endpoint's URL, e.g. http://127.0.0.1:9000 or https://s3.example.org")
+            raise ValueError(
+                "use the endpoint's URL, e.g. http://127.0.0.1:9000 or https://s3.example.org"
+            )
         if "results" not in info.data:
             return value  # results itself is wrong, and says so
         if not (info.data["results"] or "").startswith("s3://"):
-            raise ValueError("an endpoint is only used with s3:// results; set results = \"s3://BUCKET\" too")
+            raise ValueError(
+                'an endpoint is only used with s3:// results; set results = "s3://BUCKET" too'
+            )
         return value.rstrip("/")
 
     @classmethod

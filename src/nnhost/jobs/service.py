@@ -5,10 +5,9 @@
 to an idle replica of its deployment, and every event the replica reports is
 checked (a replica runs user code, so its events are untrusted: see
 `intake`), recorded and then pushed to the job's websocket session. A
-COMPLETED result is committed to the result store (`storage.results`) and
-announced with the size the store holds; a remote store (S3) is called from a
-thread, never on the loop, and the job is announced once its upload is done. A job no
-replica finishes in time is failed by `Upkeep.sweep_stuck`. It runs on the API's
+COMPLETED result is committed to the result store first (`Completion`), and
+announced with the size the store holds. A job no replica finishes in time is
+failed by `Upkeep.sweep_stuck`. It runs on the API's
 event loop only (the deployment manager hops replica callbacks onto it), so it
 needs no locks. It knows nothing of HTTP: the API layer turns its results and
 exceptions into responses.
@@ -31,13 +30,13 @@ from ..execution.events import JobEvent, JobSpec
 from ..storage.blobs import BlobDir
 from ..storage.results import ResultStore
 from ..wire import Response
+from .completion import Completion
 from .events import EventBus
 from .intake import LogBudget, check_event, clean_text, event_job_id, one_line, runtime_of
 from .job import Job, Status
 from .observer import JobObserver, Observers
 from .scheduler import Scheduler
 from .store import JobStore
-from .completion import Completion
 from .upkeep import Upkeep
 
 log = logging.getLogger("nnhost.jobs")

@@ -2,9 +2,9 @@
 
 Split from `service` so the lifecycle of one job reads on its own. `Upkeep`
 is a part of `JobService` (it uses the service's store, scheduler, payloads,
-result store and deployments) and runs on the same event loop. It must never run a job twice:
-a job that may already have run is failed, not requeued, unless the server
-itself stopped it before it could finish.
+result store and deployments) and runs on the same event loop. It must never
+run a job twice: a job that may already have run is failed, not requeued,
+unless the server itself stopped it before it could finish.
 """
 
 from __future__ import annotations
