@@ -195,6 +195,19 @@ def test_result_settings_name_a_directory_or_a_bucket(tmp_path):
     assert parse_s3_url("s3://my-bucket/runs/2026").key("abc") == "runs/2026/abc.result"
 
 
+def test_serve_refuses_a_results_directory_it_cannot_make(tmp_path, server_hf_home, test_snapshot):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    done = subprocess.run(
+        [sys.executable, "-m", "nnhost.cli", "serve", TEST_REPO, "--data-dir", str(tmp_path / "d"),
+         "--api-key", API_KEY, "--port", "1", "--results", str(blocker / "results")],
+        env={**os.environ, "HF_HOME": str(server_hf_home), "HF_HUB_OFFLINE": "1"},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "cannot make the results directory" in done.stderr and "Traceback" not in done.stderr
+
+
 @pytest.mark.parametrize("target, env, says", [
     ("s3://no-such-bucket", CREDENTIALS, "the bucket does not exist"),
     (f"s3://{BUCKET}", {"AWS_EC2_METADATA_DISABLED": "true"}, "no credentials"),

@@ -93,7 +93,13 @@ class DirectoryStore:
     def __init__(self, root: Path, signer: LinkSigner) -> None:
         self.root = Path(root)
         self.signer = signer
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ResultStoreError(
+                f"cannot make the results directory {self.root}: {error.strerror}; "
+                "create it, or choose another with --results"
+            ) from None
 
     @property
     def location(self) -> str:
