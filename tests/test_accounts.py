@@ -219,7 +219,7 @@ def test_two_users_see_only_their_own_jobs_and_results(
     url = done["data"]
     assert httpx.get(url).status_code == 200
     assert httpx.get(url.replace(alice_job, bob_job)).status_code == 403
-    from nnhost.storage.results import LinkSigner
+    from nnhost.storage.links import LinkSigner
 
     signer = LinkSigner.from_file(server.data_dir / "secrets" / "link-signing.key")
     past = int(time.time()) - 5

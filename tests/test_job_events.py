@@ -25,7 +25,9 @@ from nnhost.jobs.scheduler import Scheduler
 from nnhost.jobs.service import JobService
 from nnhost.jobs.store import JobStore, connect
 from nnhost.jobs.upkeep import STUCK_MARGIN
-from nnhost.storage.results import BlobDir
+from nnhost.storage.blobs import BlobDir
+from nnhost.storage.links import LinkSigner
+from nnhost.storage.results import DirectoryStore
 
 MiB = 1024 * 1024
 
@@ -47,7 +49,8 @@ def service(tmp_path):
     store = JobStore(connect(tmp_path / "db.sqlite3"))
     service = JobService(
         settings, store, LocalEventBus(), Scheduler(), Replicas(),
-        BlobDir(tmp_path / "payloads", ".payload"), BlobDir(tmp_path / "results", ".result"), None,
+        BlobDir(tmp_path / "payloads", ".payload"),
+        DirectoryStore(tmp_path / "results", LinkSigner(b"test")),
     )
     return service
 
@@ -167,7 +170,7 @@ def test_the_line_cap_holds_too(tmp_path):
     settings = Settings(data_dir=tmp_path, max_log_lines=3)
     store = JobStore(connect(tmp_path / "db.sqlite3"))
     service = JobService(settings, store, LocalEventBus(), Scheduler(), Replicas(),
-                         BlobDir(tmp_path / "p", ".p"), BlobDir(tmp_path / "r", ".r"), None)
+                         BlobDir(tmp_path / "p", ".p"), DirectoryStore(tmp_path / "r", LinkSigner(b"t")))
     running_job(service, "l0")
     for i in range(10):
         service.on_job_event("org/model", JobEvent("l0", "LOG", f"line {i}"))
@@ -209,10 +212,10 @@ def test_log_lines_go_with_the_result_at_retention(service):
     service.store._db.execute(
         "UPDATE jobs SET result_expires_at = ? WHERE id = 'gone0'", (time.time() - 1,)
     )
-    assert service.sweep_results() == 1
+    assert asyncio.run(service.sweep_results()) == 1
     assert service.store.logs("gone0") == []
     assert len(service.store.logs("kept0")) == 3 and len(service.store.logs("failed0")) == 3
     # A job that ended without a result keeps its lines as long as a result would stay.
     later = time.time() + retention + 60 + 5 + STUCK_MARGIN + 1
-    service.sweep_results(now=later)
+    asyncio.run(service.sweep_results(now=later))
     assert service.store.logs("failed0") == []

@@ -28,7 +28,9 @@ from nnhost.jobs.job import Status
 from nnhost.jobs.scheduler import Scheduler
 from nnhost.jobs.service import JobService, Submission
 from nnhost.jobs.store import JobStore, connect
-from nnhost.storage.results import BlobDir, LinkSigner
+from nnhost.storage.blobs import BlobDir
+from nnhost.storage.links import LinkSigner
+from nnhost.storage.results import DirectoryStore
 from nnhost.telemetry.metrics import Metrics
 
 MiB = 1 << 20
@@ -38,7 +40,7 @@ ADA, BOB = Principal(1, "ada@example.org"), Principal(2, "bob@example.org")
 class World:
     """Every part the composition root builds, with fakes where the processes would be."""
 
-    def __init__(self, tmp_path, specs, budgets=None, **settings) -> None:
+    def __init__(self, tmp_path, specs, budgets=None, results=None, **settings) -> None:
         self.loop = asyncio.get_running_loop()
         self.settings = Settings(data_dir=tmp_path, **settings)
         self.fleet = FakeFleet()
@@ -47,7 +49,7 @@ class World:
         self.bus = LocalEventBus()
         self.scheduler = Scheduler()
         self.payloads = BlobDir(tmp_path / "payloads", ".payload")
-        self.results = BlobDir(tmp_path / "results", ".result")
+        self.results = results or DirectoryStore(tmp_path / "results", LinkSigner(b"test"))
         self.catalog = Catalog(specs)
         self.deployments = DeploymentManager(
             self.catalog, loop=self.loop,
@@ -60,13 +62,14 @@ class World:
         self.metrics = Metrics(self.deployments, self.scheduler.waiting, lambda: len(self.bus))
         self.jobs = JobService(
             self.settings, self.store, self.bus, self.scheduler, self.deployments, self.payloads,
-            self.results, LinkSigner.from_file(tmp_path / "link.key"), observers=[self.metrics.jobs],
+            self.results, observers=[self.metrics.jobs],
         )
 
     async def settle(self) -> None:
         """Let the callbacks hopped onto the loop, and the stops sent to threads, run."""
         for _ in range(5):
             await asyncio.sleep(0.005)
+        await self.jobs.settled()  # results being stored in a remote store
 
     async def start(self) -> "World":
         self.deployments.start()

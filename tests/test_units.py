@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -13,7 +14,8 @@ from nnhost.jobs.job import InvalidTransition, Job, Status
 from nnhost.jobs.scheduler import FairQueue
 from nnhost.jobs.service import JobService
 from nnhost.jobs.store import JobStore, connect
-from nnhost.storage.results import BlobDir, LinkSigner
+from nnhost.storage.links import LinkSigner
+from nnhost.storage.results import DirectoryStore
 
 
 def test_lifecycle_refuses_impossible_histories(tmp_path):
@@ -52,15 +54,15 @@ def test_model_keys_match_however_the_client_spells_them():
 
 def test_expired_results_are_deleted_and_links_expire(tmp_path):
     store = JobStore(connect(tmp_path / "db.sqlite3"))
-    results = BlobDir(tmp_path / "results", ".result")
-    service = JobService(Settings(), store, None, None, None, None, results, None)
+    results = DirectoryStore(tmp_path / "results", LinkSigner(b"secret"))
+    service = JobService(Settings(), store, None, None, None, None, results)
     for job_id, expires in (("old", time.time() - 1), ("new", time.time() + 3600)):
         store.create(Job(id=job_id, user_id=1, model_key="k", deployment="d"))
         for status in (Status.QUEUED, Status.DISPATCHED, Status.RUNNING):
             store.transition(job_id, status, "")
         results.write(job_id, b"result bytes")
         store.transition(job_id, Status.COMPLETED, "", result_size=12, result_expires_at=expires)
-    assert service.sweep_results() == 1
+    assert asyncio.run(service.sweep_results()) == 1
     assert not results.exists("old") and results.exists("new")
     assert store.get("old").result_expires_at is None
 

@@ -31,7 +31,9 @@ from .jobs.scheduler import Scheduler
 from .jobs.service import JobService
 from .jobs.store import JobStore, connect
 from .models.hfcache import find_snapshot
-from .storage.results import BlobDir, LinkSigner
+from .storage.blobs import BlobDir
+from .storage.links import LinkSigner
+from .storage.results import ResultStore, open_result_store
 from .telemetry.metrics import Metrics
 from .units import parse_size
 
@@ -51,7 +53,7 @@ class Server:
     keys: KeyStore
     bus: EventBus
     scheduler: Scheduler
-    results: BlobDir
+    results: ResultStore
     signer: LinkSigner
     jobs: JobService
     deployments: DeploymentManager
@@ -172,6 +174,19 @@ def make_bus(settings: Settings) -> EventBus:
     return RedisEventBus(settings.events)
 
 
+def build_result_store(settings: Settings) -> tuple[ResultStore, LinkSigner]:
+    """The result store the settings name, checked (raises `ResultStoreError` saying what to fix)."""
+    signer = LinkSigner.from_file(settings.data_dir / "secrets" / "link-signing.key")
+    results = open_result_store(
+        str(settings.results_dir or settings.results),
+        settings.results_endpoint,
+        spool=settings.data_dir / "spool",
+        signer=signer,
+    )
+    results.check()
+    return results, signer
+
+
 def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
     from .api import accounts as account_pages
     from .api import admin, admin_page, hub, protocol, service, status_page
@@ -181,6 +196,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
     if problem:
         raise ValueError(problem)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    results, signer = build_result_store(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -196,9 +212,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
         bus = make_bus(settings)
         await bus.start()
         scheduler = Scheduler()
-        results = BlobDir(settings.data_dir / "results", ".result")
         payloads = BlobDir(settings.data_dir / "payloads", ".payload")
-        signer = LinkSigner.from_file(settings.data_dir / "secrets" / "link-signing.key")
         jobs: Optional[JobService] = None
 
         def on_job_event(name, event):
@@ -225,7 +239,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
         )
         metrics = Metrics(deployments, scheduler.waiting, lambda: len(bus))
         jobs = JobService(
-            settings, store, bus, scheduler, deployments, payloads, results, signer,
+            settings, store, bus, scheduler, deployments, payloads, results,
             observers=[metrics.jobs],
         )
         jobs.recover()
@@ -248,7 +262,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
                         log.warning("failed %d jobs that ran past their time limit", stuck)
                     if loop.time() - last >= every:
                         last = loop.time()
-                        removed = jobs.sweep_results()
+                        removed = await jobs.sweep_results()
                         if removed:
                             log.info("deleted %d expired results", removed)
                 except Exception:

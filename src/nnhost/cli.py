@@ -37,6 +37,8 @@ def _serve(args: argparse.Namespace) -> int:
             "log_format": args.log_format,
             "events": args.events,
             "cluster": args.cluster,
+            "results": args.results,
+            "results_endpoint": args.results_endpoint,
         },
         Path(args.config) if args.config else None,
     )
@@ -83,7 +85,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    app = create_app(settings, catalog)
+    from .storage.results import ResultStoreError
+
+    try:
+        app = create_app(settings, catalog)
+    except ResultStoreError as error:
+        print(f"nnhost serve: {error}", file=sys.stderr)
+        return 2
     new_key = prepare_admin_key(settings)
     url = settings.public_url or f"http://{settings.host}:{settings.port}"
     if settings.auth == "none":
@@ -192,6 +200,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="ADDRESSES",
         help="proxies whose X-Forwarded-For is believed, comma-separated (default none)",
+    )
+    serve.add_argument(
+        "--results", default=None, metavar="DIR|s3://BUCKET[/PREFIX]",
+        help="where results are kept (default DATA_DIR/results)",
+    )
+    serve.add_argument(
+        "--results-endpoint", default=None, metavar="URL",
+        help="an S3-compatible endpoint for s3:// results (default AWS)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--cluster", default=None, metavar="ADDRESS",

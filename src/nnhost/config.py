@@ -105,6 +105,11 @@ class Settings(BaseSettings):
     max_request_bytes: Size = 256 * MiB
     #: Seconds a result (and the job's LOG lines) stays downloadable.
     result_retention: Duration = 24 * 3600.0
+    #: Where results are kept: a directory (default DATA_DIR/results; one all machines
+    #: share, in a cluster) or s3://BUCKET[/PREFIX] (credentials from the AWS environment).
+    results: Optional[str] = None
+    #: URL of an S3-compatible endpoint for s3:// results (default: AWS's own).
+    results_endpoint: Optional[str] = None
     #: Threads torch may use in each job (0: the cores less one, split between the replicas).
     torch_threads: int = Field(0, ge=0)
     #: Largest number of LOG lines kept and forwarded from one job.
@@ -218,6 +223,39 @@ class Settings(BaseSettings):
     def _absolute(cls, value: Path) -> Path:
         return Path(value).expanduser().resolve()
 
+    @field_validator("results")
+    @classmethod
+    def _results(cls, value: Optional[str]) -> Optional[str]:
+        from .storage.s3 import is_s3_url, parse_s3_url
+
+        if value is None:
+            return None
+        if is_s3_url(value):
+            return str(parse_s3_url(value)).rstrip("/")  # raises, saying what S3 accepts
+        if "://" in value:
+            raise ValueError("use a directory path or s3://BUCKET[/PREFIX]")
+        return str(Path(value).expanduser().resolve())
+
+    @field_validator("results_endpoint")
+    @classmethod
+    def _endpoint(cls, value: Optional[str], info) -> Optional[str]:
+        from urllib.parse import urlsplit
+
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                "use the endpoint's URL, e.g. http://127.0.0.1:9000 or https://s3.example.org"
+            )
+        if "results" not in info.data:
+            return value  # results itself is wrong, and says so
+        if not (info.data["results"] or "").startswith("s3://"):
+            raise ValueError(
+                'an endpoint is only used with s3:// results; set results = "s3://BUCKET" too'
+            )
+        return value.rstrip("/")
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -233,6 +271,13 @@ class Settings(BaseSettings):
     @property
     def database_path(self) -> Path:
         return self.data_dir / "nnhost.sqlite3"
+
+    @property
+    def results_dir(self) -> Optional[Path]:
+        """The directory results are kept in, or None when they go to S3."""
+        if self.results is None:
+            return self.data_dir / "results"
+        return None if self.results.startswith("s3://") else Path(self.results)
 
     @property
     def hf_home(self) -> Path:

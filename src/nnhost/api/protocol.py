@@ -10,12 +10,13 @@ import asyncio
 import json
 
 from fastapi import APIRouter, HTTPException, Request, WebSocket, WebSocketDisconnect
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from ..deployments.catalog import InvalidModelKey
 from ..jobs.service import SessionNotOwned, Submission, UnknownModel
+from ..storage.results import ResultMissing
 from ..wire import RequestEnvelope
 from .deps import (
     API_KEY_HEADER,
@@ -28,6 +29,8 @@ from .deps import (
 )
 
 router = APIRouter()
+#: Bytes read from the result store per step of a /result download.
+RESULT_CHUNK = 1 << 20
 
 
 def _base_url(request: Request) -> str:
@@ -128,18 +131,36 @@ async def job_response(job_id: str, request: Request):
 
 @router.get("/result/{job_id}")
 async def job_result(job_id: str, request: Request, expires: int = 0, sig: str = ""):
+    """A result by its signed link, streamed from the result store (no key: the link is the key)."""
     server = server_of(request)
     if not server.signer.verify(job_id, expires, sig):
         raise HTTPException(
             403, "This result link is invalid or has expired. Poll the job again for a fresh link."
         )
-    job = server.jobs.store.get(job_id)
-    if job is None or job.result_expires_at is None or not server.results.exists(job_id):
+    # The sweep deletes a result when its retention ends: if it is stored, it is current.
+    store = server.results
+    try:
+        size = await asyncio.to_thread(store.size, job_id)
+        body = await asyncio.to_thread(store.open, job_id) if size is not None else None
+    except (ResultMissing, ValueError):
+        body = None
+    if body is None:
         raise HTTPException(410, "This result is no longer kept on the server. Run the request again.")
-    return FileResponse(
-        server.results.path(job_id),
+
+    async def chunks():
+        try:
+            while chunk := await asyncio.to_thread(body.read, RESULT_CHUNK):
+                yield chunk
+        finally:
+            await asyncio.to_thread(body.close)
+
+    return StreamingResponse(
+        chunks(),
         media_type="application/octet-stream",
-        filename=f"{job_id}.result",
+        headers={
+            "content-length": str(size),
+            "content-disposition": f'attachment; filename="{job_id}.result"',
+        },
     )
 
 

@@ -58,6 +58,9 @@ def policy_from_settings(settings: Any) -> WorkerPolicy:
     hf_home = getattr(settings, "hf_home", None)
     if hf_home:
         hide.append(str(hf_home))
+    results_dir = getattr(settings, "results_dir", None)
+    if results_dir and not str(results_dir).startswith(data_dir + os.sep):
+        hide.append(str(results_dir))  # every user's results, kept outside the data dir
     hide.extend(str(path) for path in getattr(settings, "hidden_paths", []) or [])
     limits = ContainmentPolicy(
         hide=hide,

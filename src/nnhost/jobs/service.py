@@ -4,8 +4,10 @@
 (and its payload to disk) before anything is announced, queued fairly, handed
 to an idle replica of its deployment, and every event the replica reports is
 checked (a replica runs user code, so its events are untrusted: see
-`intake`), recorded and then pushed to the job's websocket session. A job no
-replica finishes in time is failed by `Upkeep.sweep_stuck`. It runs on the API's
+`intake`), recorded and then pushed to the job's websocket session. A
+COMPLETED result is committed to the result store first (`Completion`), and
+announced with the size the store holds. A job no replica finishes in time is
+failed by `Upkeep.sweep_stuck`. It runs on the API's
 event loop only (the deployment manager hops replica callbacks onto it), so it
 needs no locks. It knows nothing of HTTP: the API layer turns its results and
 exceptions into responses.
@@ -25,10 +27,11 @@ from ..config import Settings
 from ..deployments.catalog import ModelKey
 from ..deployments.manager import CannotFit, DeploymentManager
 from ..execution.events import JobEvent, JobSpec
-from ..storage.results import BlobDir, LinkSigner
-from ..units import format_size
+from ..storage.blobs import BlobDir
+from ..storage.results import ResultStore
 from ..wire import Response
 from .bus import EventBus
+from .completion import Completion
 from .intake import LogBudget, check_event, clean_text, event_job_id, one_line, runtime_of
 from .job import Job, Status
 from .observer import JobObserver, Observers
@@ -55,7 +58,7 @@ class Submission:
     env: dict
 
 
-class JobService(Upkeep):
+class JobService(Completion, Upkeep):
     def __init__(
         self,
         settings: Settings,
@@ -64,8 +67,7 @@ class JobService(Upkeep):
         scheduler: Scheduler,
         deployments: DeploymentManager,
         payloads: BlobDir,
-        results: BlobDir,
-        signer: LinkSigner,
+        results: ResultStore,
         observers: Iterable[JobObserver] = (),
     ) -> None:
         self.settings = settings
@@ -77,7 +79,10 @@ class JobService(Upkeep):
         self.deployments = deployments
         self.payloads = payloads
         self.results = results
-        self.signer = signer
+        #: Results being committed to a remote store, by job id (see `_complete`).
+        self._storing: dict[str, asyncio.Task] = {}
+        #: When `sweep_results` last looked for stored results the database forgot.
+        self._orphans_swept = 0.0
         #: Set on graceful shutdown: nothing new is dispatched.
         self.draining = False
         self._requeued: set[str] = set()
@@ -161,7 +166,7 @@ class JobService(Upkeep):
                 payload_path=str(self.payloads.path(job.id)),
                 compress=job.compress,
                 env=job.env,
-                result_path=str(self.results.path(job.id)),
+                result_path=str(self.results.staging_path(job.id)),
                 started_path=str(self.payloads.marker(job.id, "started")),
                 time_limit=self.settings.time_limit,
                 max_result_bytes=self.settings.max_result_bytes,
@@ -257,27 +262,9 @@ class JobService(Upkeep):
                 self._publish(job, Status.LOG, line)
             return
         if status is Status.COMPLETED:
-            # The size on disk, not the one reported: the report is the worker's word.
-            size = self.results.size(job.id)
-            limit = self.settings.max_result_bytes
-            if size is None:
-                status, description = Status.ERROR, (
-                    "The worker reported a result but none was written. Please resubmit "
-                    "your request."
-                )
-            elif limit and size > limit:
-                self.results.delete(job.id)
-                status, description = Status.ERROR, (
-                    f"Your request's result ({format_size(size)}) is larger than this server "
-                    f"keeps ({format_size(limit)}). Save less, or smaller values."
-                )
-            else:
-                self._record(
-                    job.id, status, description, meta=event.meta, result_size=size,
-                    result_expires_at=time.time() + self.settings.result_retention,
-                )
-        if status is not Status.COMPLETED:
-            self._record(job.id, status, description, meta=event.meta)
+            self._complete(name, job, description, event.meta)
+            return
+        self._record(job.id, status, description, meta=event.meta)
         if status.final:
             self._finished(name, job.id, runtime_of(event.meta))
 
@@ -316,10 +303,13 @@ class JobService(Upkeep):
 
     # -- recording and announcing ------------------------------------------------
 
-    def _record(self, job_id: str, status: Status, description: str, **fields) -> Job:
+    def _record(
+        self, job_id: str, status: Status, description: str,
+        inline: Optional[bytes] = None, **fields,
+    ) -> Job:
         job = self.store.transition(job_id, status, description, **fields)
         self._noted(job)
-        self._publish(job, status, description)
+        self._publish(job, status, description, inline)
         return job
 
     def _noted(self, job: Job) -> None:
@@ -331,21 +321,22 @@ class JobService(Upkeep):
         )
         self.observers.job_changed(job)
 
-    def _publish(self, job: Job, status: Status, description: str) -> None:
+    def _publish(
+        self, job: Job, status: Status, description: str, inline: Optional[bytes] = None
+    ) -> None:
+        """Push an update to the job's session; a COMPLETED with ``inline`` bytes carries them."""
         if not job.session_id:
             return
-        if status is Status.COMPLETED:
-            size = job.result_size or 0
-            if size <= self.settings.inline_result_bytes and self.results.exists(job.id):
-                frame = Response(
-                    id=job.id,
-                    status=status.value,
-                    description=description,
-                    data=self.results.read(job.id),
-                    meta=job.meta,
-                ).pickle()
-                self.bus.publish(job.session_id, frame)
-                return
+        if status is Status.COMPLETED and inline is not None:
+            frame = Response(
+                id=job.id,
+                status=status.value,
+                description=description,
+                data=inline,
+                meta=job.meta,
+            ).pickle()
+            self.bus.publish(job.session_id, frame)
+            return
         self.bus.publish(job.session_id, self.response(job, job.base_url, status, description).model_dump_json())
 
     def response(
@@ -374,4 +365,4 @@ class JobService(Upkeep):
             return None
         base = (self.settings.public_url or base_url).rstrip("/")
         ttl = max(60.0, job.result_expires_at - time.time())
-        return f"{base}/result/{job.id}?{self.signer.query(job.id, ttl)}"
+        return self.results.signed_url(job.id, ttl, base)

@@ -1,10 +1,10 @@
 """The job service's upkeep: after a restart, before a shutdown, and on a timer.
 
 Split from `service` so the lifecycle of one job reads on its own. `Upkeep`
-is a part of `JobService` (it uses the service's store, scheduler, blobs and
-deployments) and runs on the same event loop. It must never run a job twice:
-a job that may already have run is failed, not requeued, unless the server
-itself stopped it before it could finish.
+is a part of `JobService` (it uses the service's store, scheduler, payloads,
+result store and deployments) and runs on the same event loop. It must never
+run a job twice: a job that may already have run is failed, not requeued,
+unless the server itself stopped it before it could finish.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ log = logging.getLogger("nnhost.jobs")
 
 #: Seconds past the time limit and kill grace before a silent job is failed.
 STUCK_MARGIN = 15.0
+#: Most seconds between two looks for stored results the database forgot (listing a bucket costs).
+ORPHAN_SWEEP_SECONDS = 3600.0
 
 
 class Upkeep:
@@ -54,6 +56,8 @@ class Upkeep:
             d.busy for d in self.deployments.deployments.values()
         ):
             await asyncio.sleep(0.1)
+        # A job whose result is being uploaded has finished: let it be recorded.
+        await self.settled()
         for job in self.store.with_status((Status.DISPATCHED, Status.RUNNING)):
             # Stopped before it could finish: it never completed, so it runs again
             # after the restart (the started marker goes, so recovery requeues it).
@@ -63,21 +67,45 @@ class Upkeep:
             )
             self.payloads.marker(job.id, "started").unlink(missing_ok=True)
 
-    def sweep_results(self, now: Optional[float] = None) -> int:
+    async def sweep_results(self, now: Optional[float] = None) -> int:
         """Delete results and LOG lines past their retention; returns how many results."""
         now = now or time.time()
-        expired = self.store.expired_results(now)
-        for job in expired:
-            self.results.delete(job.id)
-            self.store.forget_result(job.id)
-            self.store.delete_logs(job.id)  # a job's LOG lines go with its result
-        # A job that ended without a result keeps its lines as long as a result would
-        # stay. No line is written later than the time limit and grace before its
-        # job ends (sweep_stuck sees to that), so lines older than that plus the
-        # retention belong to jobs that ended at least a retention ago.
+        expired = [job.id for job in self.store.expired_results(now)]
+        # No line is written (nor result stored) later than the time limit and grace
+        # after its job was dispatched (sweep_stuck sees to that), so anything older
+        # than that plus the retention belongs to jobs that ended a retention ago.
         longest = self.settings.time_limit + self.settings.kill_grace + STUCK_MARGIN
-        self.store.delete_logs_before(now - self.settings.result_retention - longest)
-        return len(expired)
+        stale = now - self.settings.result_retention - longest
+        # Now and then, results the database no longer knows of (a crash between
+        # storing and recording one; a spool file of a job that never finished).
+        orphans = now - self._orphans_swept >= min(ORPHAN_SWEEP_SECONDS, self.settings.result_retention)
+        if orphans:
+            self._orphans_swept = now
+        deleted = await self._blocking(self._delete_results, expired, stale if orphans else None)
+        for job_id in deleted:
+            self.store.forget_result(job_id)
+            self.store.delete_logs(job_id)  # a job's LOG lines go with its result
+        # A job that ended without a result keeps its lines as long as a result would stay.
+        self.store.delete_logs_before(stale)
+        return len(deleted)
+
+    def _delete_results(self, job_ids: list[str], stale: Optional[float]) -> list[str]:
+        """Blocking: delete these results (those that failed stay for the next sweep), then orphans."""
+        deleted = []
+        for job_id in job_ids:
+            try:
+                self.results.delete(job_id)
+                deleted.append(job_id)
+            except Exception:
+                log.exception("could not delete the expired result of %s", job_id)
+        if stale is not None:
+            try:
+                removed = self.results.expire(stale)
+                if removed:
+                    log.info("deleted %d results no job named any more", removed)
+            except Exception:
+                log.exception("could not sweep %s for forgotten results", self.results.location)
+        return deleted
 
     def sweep_stuck(self, now: Optional[float] = None) -> int:
         """Fail jobs a replica holds past the time limit plus the kill grace; returns how many.
@@ -92,6 +120,8 @@ class Upkeep:
         for job in self.store.with_status(LIVE_STATUSES):
             if job.id in self._requeued or now - job.updated_at <= allowed:
                 continue
+            if job.id in self._storing:
+                continue  # it finished; its result is being uploaded, and will be recorded
             self._record(
                 job.id,
                 Status.ERROR,

@@ -1,0 +1,72 @@
+"""Request payloads on the local disk, named by job id.
+
+A submitted job's payload is written here before the job is recorded, so a
+restart loses nothing that was accepted; the replica's process opens it for the
+worker (it travels as a descriptor, never as a path). Payloads never leave
+this machine: results, which may, live behind `storage.results.ResultStore`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+
+def check_job_id(job_id: str) -> str:
+    """A job id is a file or object name here: letters, digits, ``-`` and ``_`` only."""
+    if not isinstance(job_id, str) or not job_id or not all(
+        c.isascii() and (c.isalnum() or c in "-_") for c in job_id
+    ):
+        raise ValueError(f"not a job id: {job_id!r}")
+    return job_id
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a reader sees all of it or nothing."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(partial, path)
+
+
+class BlobDir:
+    """A folder of blobs named by job id."""
+
+    def __init__(self, root: Path, suffix: str) -> None:
+        self.root = root
+        self.suffix = suffix
+        root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, job_id: str) -> Path:
+        return self.root / f"{check_job_id(job_id)}{self.suffix}"
+
+    def write(self, job_id: str, data: bytes) -> Path:
+        path = self.path(job_id)
+        write_file(path, data)
+        return path
+
+    def marker(self, job_id: str, name: str) -> Path:
+        """A side file of a job's blob (e.g. ``started``)."""
+        return self.path(job_id).with_name(f"{job_id}.{name}")
+
+    def exists(self, job_id: str) -> bool:
+        return self.path(job_id).is_file()
+
+    def size(self, job_id: str) -> Optional[int]:
+        try:
+            return self.path(job_id).stat().st_size
+        except OSError:
+            return None
+
+    def read(self, job_id: str) -> bytes:
+        return self.path(job_id).read_bytes()
+
+    def delete(self, job_id: str, *markers: str) -> None:
+        for path in (self.path(job_id), *(self.marker(job_id, m) for m in markers)):
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
