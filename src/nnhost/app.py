@@ -29,7 +29,8 @@ from .deployments.sizing import device_shares, tensor_bytes
 from .jobs.events import EventBus
 from .jobs.scheduler import Scheduler
 from .jobs.service import JobService
-from .jobs.store import JobStore, connect
+from .db import connect
+from .jobs.store import JobStore
 from .models.hfcache import find_snapshot
 from .storage.results import BlobDir, LinkSigner
 from .telemetry.metrics import Metrics
@@ -131,11 +132,11 @@ def ensure_admin(keys: KeyStore, api_key: Optional[str]) -> Optional[str]:
 
 def prepare_admin_key(settings: Settings) -> Optional[str]:
     """Before serving: make the admin's first key if there is nobody yet (shown once)."""
-    connection = connect(settings.database_path)
+    database = connect(settings.database_url)
     try:
-        return ensure_admin(KeyStore(connection), settings.api_key)
+        return ensure_admin(KeyStore(database), settings.api_key)
     finally:
-        connection.close()
+        database.close()
 
 
 def worker_environ(settings: Settings, catalog: Catalog) -> dict:
@@ -167,14 +168,14 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         loop = asyncio.get_running_loop()
-        connection = connect(settings.database_path)
-        keys = KeyStore(connection)
+        database = connect(settings.database_url)
+        keys = KeyStore(database)
         ensure_admin(keys, settings.api_key)
-        store = JobStore(connection)
+        store = JobStore(database)
         access = Access(
             settings, keys, local_admin_email=ADMIN_EMAIL, unfinished_jobs=store.unfinished_count
         )
-        accounts = Accounts(settings, connection, keys, access)
+        accounts = Accounts(settings, database, keys, access)
         bus = EventBus()
         scheduler = Scheduler()
         results = BlobDir(settings.data_dir / "results", ".result")
@@ -244,7 +245,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
             warmup.cancel()
             await jobs.drain(settings.shutdown_grace)
             await asyncio.to_thread(deployments.stop)
-            connection.close()
+            database.close()
 
     app = FastAPI(title="nnhost", lifespan=lifespan, docs_url="/docs", redoc_url=None)
 
