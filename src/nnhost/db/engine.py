@@ -37,8 +37,8 @@ class Database:
         if self.dialect == "sqlite":
             Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
             self.engine = _sqlite_engine(self.url)
-            # Reads outside a transaction already: the driver begins one only before a write.
             self._reader: Engine = self.engine
+            self._writer = self.engine.execution_options(**{_WRITES: True})
         else:
             self.engine = create_engine(
                 self.url,
@@ -49,6 +49,7 @@ class Database:
                 connect_args={"connect_timeout": 10, "application_name": "nnhost"},
             )
             self._reader = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+            self._writer = self.engine
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Connection]:
@@ -57,7 +58,7 @@ class Database:
 
     @contextlib.contextmanager
     def write(self) -> Iterator[Connection]:
-        with self.engine.begin() as connection:
+        with self._writer.begin() as connection:
             yield connection
 
     def close(self) -> None:
@@ -67,14 +68,32 @@ class Database:
         return f"Database({self.shown})"
 
 
+#: Execution option marking the connections `Database.write` hands out.
+_WRITES = "nnhost_writes"
+
+
 def _sqlite_engine(url) -> Engine:
+    """SQLite with real transactions: a write takes the write lock when it begins.
+
+    Python's driver would begin a transaction only at the first INSERT/UPDATE,
+    after a transaction's reads, so two writers could both read a job and both
+    move it. Here the driver's own transaction handling is off, reads run each
+    statement alone (WAL gives each a consistent snapshot), and `Database.write`
+    begins with BEGIN IMMEDIATE: one writer at a time, waiting up to the busy timeout.
+    """
     # Connections move between threads with the pool; each is used by one at a time.
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 5})
 
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_connection, _record):
+        dbapi_connection.isolation_level = None
         for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=5000"):
             dbapi_connection.execute(f"PRAGMA {pragma}")
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection):
+        if connection.get_execution_options().get(_WRITES):
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
 
