@@ -26,13 +26,13 @@ from sqlalchemy.exc import OperationalError
 
 from .errors import DatabaseError
 from .migrate import migrate
-from .urls import engine_url, shown, sqlite_url
+from .urls import check_url, engine_url, shown, sqlite_url
 
 
 class Database:
     def __init__(self, url: str) -> None:
         self.url = engine_url(url)
-        self.shown = shown(self.url)
+        self.shown = shown(check_url(url))
         self.dialect = self.url.get_backend_name()
         if self.dialect == "sqlite":
             Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
