@@ -105,7 +105,9 @@ class Postgres:
             [str(binaries / "postgres"), "-D", str(data), "-p", str(self.port),
              "-c", "listen_addresses=127.0.0.1", "-k", str(sockets),
              # A throwaway cluster: durability is not what the tests are about.
-             "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"],
+             "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+             # Each test's stores hold a small pool of their own.
+             "-c", "max_connections=300"],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root,
             start_new_session=True, **self._as_user(),
         )

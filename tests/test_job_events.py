@@ -42,14 +42,16 @@ class Replicas:
 
 
 @pytest.fixture
-def service(tmp_path):
+def service(tmp_path, database_url):
+    """The job service on each database (SQLite, then PostgreSQL)."""
     settings = Settings(data_dir=tmp_path, time_limit=60, kill_grace=5)
-    store = JobStore(connect(tmp_path / "db.sqlite3"))
+    store = JobStore(connect(database_url))
     service = JobService(
         settings, store, EventBus(), Scheduler(), Replicas(),
         BlobDir(tmp_path / "payloads", ".payload"), BlobDir(tmp_path / "results", ".result"), None,
     )
-    return service
+    yield service
+    store.database.close()
 
 
 def running_job(service, job_id, *, deployment="org/model", status=Status.RUNNING, session=""):
