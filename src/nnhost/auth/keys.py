@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterable, Optional
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.exc import IntegrityError
 
@@ -119,6 +119,29 @@ def normalize_email(email: str) -> str:
 
 def normalize_tags(tags: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted({tag.strip().lower() for tag in tags if tag and tag.strip()}))
+
+
+# Built once: every API request checks its key, and building the statement costs
+# about as much as running it.
+_CHECK = (
+    select(
+        api_keys.c.id.label("key_id"),
+        api_keys.c.expires_at,
+        api_keys.c.revoked_at,
+        api_keys.c.last_used_at,
+        users.c.id,
+        users.c.email,
+        users.c.tags,
+        users.c.disabled,
+    )
+    .join(users, users.c.id == api_keys.c.user_id)
+    .where(api_keys.c.hash == bindparam("hash"))
+)
+_USED = (
+    update(api_keys)
+    .where(api_keys.c.id == bindparam("key_id"))
+    .values(last_used_at=bindparam("now"))
+)
 
 
 class KeyStore:
@@ -267,20 +290,8 @@ class KeyStore:
     def check(self, key: Optional[str]) -> KeyCheck:
         if not key:
             return KeyCheck(problem=KeyProblem.MISSING)
-        row = self._one(
-            select(
-                api_keys.c.id.label("key_id"),
-                api_keys.c.expires_at,
-                api_keys.c.revoked_at,
-                api_keys.c.last_used_at,
-                users.c.id,
-                users.c.email,
-                users.c.tags,
-                users.c.disabled,
-            )
-            .join(users, users.c.id == api_keys.c.user_id)
-            .where(api_keys.c.hash == hash_key(key))
-        )
+        with self.database.read() as db:
+            row = db.execute(_CHECK, {"hash": hash_key(key)}).mappings().first()
         if row is None:
             return KeyCheck(problem=KeyProblem.UNKNOWN)
         now = time.time()
@@ -291,7 +302,8 @@ class KeyStore:
         if row["disabled"]:
             return KeyCheck(problem=KeyProblem.DISABLED)
         if row["last_used_at"] is None or now - row["last_used_at"] > _LAST_USED_EVERY:
-            self._write(update(api_keys).where(api_keys.c.id == row["key_id"]).values(last_used_at=now))
+            with self._lock, self.database.write() as db:
+                db.execute(_USED, {"key_id": row["key_id"], "now": now})
         return KeyCheck(principal=_principal(row))
 
 

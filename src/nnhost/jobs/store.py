@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.engine import RowMapping
 
 from ..db import Database
@@ -32,6 +32,27 @@ from .job import Job, Status, check_transition
 def connect(target: Union[Path, str]) -> Database:
     """The server's database (a SQLite file's path, or a URL), migrated and ready."""
     return _connect_database(target)
+
+
+# The statements of the calls made for every job and LOG line, built once
+# (building one costs about as much as running it).
+_GET = select(jobs).where(jobs.c.id == bindparam("job_id"))
+_LOCK_ROW = _GET.with_for_update()
+_ADD_LOG = insert(job_logs).values(
+    job_id=bindparam("job_id"), at=bindparam("at"), line=bindparam("line")
+)
+_TRANSITION = (
+    update(jobs)
+    .where(jobs.c.id == bindparam("job_id"))
+    .values(
+        status=bindparam("status"),
+        description=bindparam("description"),
+        meta=bindparam("meta"),
+        updated_at=bindparam("updated_at"),
+        result_size=bindparam("result_size"),
+        result_expires_at=bindparam("result_expires_at"),
+    )
+)
 
 
 class JobStore:
@@ -47,8 +68,9 @@ class JobStore:
     # -- reads ---------------------------------------------------------------
 
     def get(self, job_id: str) -> Optional[Job]:
-        found = self._jobs(select(jobs).where(jobs.c.id == job_id))
-        return found[0] if found else None
+        with self.database.read() as db:
+            row = db.execute(_GET, {"job_id": job_id}).mappings().first()
+        return _job(row) if row else None
 
     def with_status(self, statuses: Iterable[Status]) -> list[Job]:
         names = [status.value for status in statuses]
@@ -136,9 +158,7 @@ class JobStore:
     ) -> Job:
         """Move a job to ``status``, refusing transitions the lifecycle forbids."""
         with self._lock, self.database.write() as db:
-            row = db.execute(
-                select(jobs).where(jobs.c.id == job_id).with_for_update()
-            ).mappings().first()
+            row = db.execute(_LOCK_ROW, {"job_id": job_id}).mappings().first()
             if row is None:
                 raise KeyError(job_id)
             job = _job(row)
@@ -150,16 +170,16 @@ class JobStore:
                 job.result_size = result_size
                 job.result_expires_at = result_expires_at
             db.execute(
-                update(jobs)
-                .where(jobs.c.id == job.id)
-                .values(
-                    status=job.status.value,
-                    description=job.description,
-                    meta=json.dumps(job.meta) if job.meta is not None else None,
-                    updated_at=job.updated_at,
-                    result_size=job.result_size,
-                    result_expires_at=job.result_expires_at,
-                )
+                _TRANSITION,
+                {
+                    "job_id": job.id,
+                    "status": job.status.value,
+                    "description": job.description,
+                    "meta": json.dumps(job.meta) if job.meta is not None else None,
+                    "updated_at": job.updated_at,
+                    "result_size": job.result_size,
+                    "result_expires_at": job.result_expires_at,
+                },
             )
         return job
 
@@ -178,7 +198,7 @@ class JobStore:
 
     def add_log(self, job_id: str, line: str) -> None:
         with self._lock, self.database.write() as db:
-            db.execute(insert(job_logs).values(job_id=job_id, at=time.time(), line=line))
+            db.execute(_ADD_LOG, {"job_id": job_id, "at": time.time(), "line": line})
 
 
 def _job(row: RowMapping) -> Job:
