@@ -95,3 +95,34 @@ def local_model(test_snapshot):
     for parameter in model._module.parameters():
         parameter.requires_grad_(False)
     return model
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server of the suite's own (tests/services.py); skipped where there is none.
+
+    In CI (``CI`` set) a PostgreSQL that cannot start fails the tests that need it instead.
+    """
+    import os
+
+    from services import Postgres, Unavailable
+
+    server = Postgres()
+    try:
+        server.start()
+    except Unavailable as problem:
+        if os.environ.get("CI"):
+            pytest.fail(f"PostgreSQL is required in CI: {problem}")
+        pytest.skip(f"no PostgreSQL: {problem}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path) -> str:
+    """A new, empty database of each kind the server supports."""
+    if request.param == "sqlite":
+        from nnhost.db import sqlite_url
+
+        return sqlite_url(tmp_path / "nnhost.sqlite3")
+    return request.getfixturevalue("postgres").new_database()

@@ -16,6 +16,7 @@ import logging
 import time
 
 import pytest
+from sqlalchemy import text
 
 from nnhost.config import Settings
 from nnhost.execution.events import JobEvent
@@ -44,15 +45,17 @@ class Replicas:
 
 
 @pytest.fixture
-def service(tmp_path):
+def service(tmp_path, database_url):
+    """The job service on each database (SQLite, then PostgreSQL)."""
     settings = Settings(data_dir=tmp_path, time_limit=60, kill_grace=5)
-    store = JobStore(connect(tmp_path / "db.sqlite3"))
+    store = JobStore(connect(database_url))
     service = JobService(
         settings, store, LocalEventBus(), Scheduler(), Replicas(),
         BlobDir(tmp_path / "payloads", ".payload"),
         DirectoryStore(tmp_path / "results", LinkSigner(b"test")),
     )
-    return service
+    yield service
+    store.database.close()
 
 
 def running_job(service, job_id, *, deployment="org/model", status=Status.RUNNING, session=""):
@@ -160,9 +163,10 @@ def test_a_log_flood_leaves_at_most_the_cap_and_ends_with_one_notice(service, tm
     sent = [frame["description"] for frame in frames(service, session.id)]
     assert sent == stored  # the client saw exactly what was kept, the notice last
     # The database holds about the cap, not 100 MiB.
-    rows = service.store._db.execute(
-        "SELECT SUM(LENGTH(line)) FROM job_logs WHERE job_id = 'flood0'"
-    ).fetchone()[0]
+    with service.store.database.read() as db:
+        rows = db.execute(
+            text("SELECT SUM(LENGTH(line)) FROM job_logs WHERE job_id = 'flood0'")
+        ).scalar_one()
     assert rows <= cap + len(notice)
 
 
@@ -185,7 +189,8 @@ def test_no_job_stays_dispatched_or_running_past_its_limit(service):
     now = time.time()
     late = now + 60 + 5 + STUCK_MARGIN + 1
     assert service.sweep_stuck(now=now) == 0  # within the limit: left alone
-    service.store._db.execute("UPDATE jobs SET updated_at = ? WHERE id = 'fresh0'", (late - 1,))
+    with service.store.database.write() as db:
+        db.execute(text("UPDATE jobs SET updated_at = :at WHERE id = 'fresh0'"), {"at": late - 1})
     assert service.sweep_stuck(now=late) == 2
     for job_id in ("hung0", "lost0"):
         job = service.store.get(job_id)
@@ -209,9 +214,11 @@ def test_log_lines_go_with_the_result_at_retention(service):
     service.on_job_event("org/model", JobEvent("kept0", "COMPLETED", ""))
     service.on_job_event("org/model", JobEvent("failed0", "ERROR", "boom"))
     retention = service.settings.result_retention
-    service.store._db.execute(
-        "UPDATE jobs SET result_expires_at = ? WHERE id = 'gone0'", (time.time() - 1,)
-    )
+    with service.store.database.write() as db:
+        db.execute(
+            text("UPDATE jobs SET result_expires_at = :at WHERE id = 'gone0'"),
+            {"at": time.time() - 1},
+        )
     assert asyncio.run(service.sweep_results()) == 1
     assert service.store.logs("gone0") == []
     assert len(service.store.logs("kept0")) == 3 and len(service.store.logs("failed0")) == 3

@@ -18,8 +18,8 @@ from nnhost.storage.links import LinkSigner
 from nnhost.storage.results import DirectoryStore
 
 
-def test_lifecycle_refuses_impossible_histories(tmp_path):
-    store = JobStore(connect(tmp_path / "db.sqlite3"))
+def test_lifecycle_refuses_impossible_histories(database_url):
+    store = JobStore(connect(database_url))
     store.create(Job(id="a1", user_id=1, model_key="k", deployment="d"))
     with pytest.raises(InvalidTransition):
         store.transition("a1", Status.COMPLETED, "too early")
@@ -28,6 +28,7 @@ def test_lifecycle_refuses_impossible_histories(tmp_path):
     with pytest.raises(InvalidTransition):
         store.transition("a1", Status.ERROR, "after the end")
     assert store.get("a1").status is Status.COMPLETED
+    store.database.close()
 
 
 def test_fair_queue_round_robins_users_and_keeps_each_users_order():

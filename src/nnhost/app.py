@@ -29,7 +29,8 @@ from .deployments.sizing import device_shares, tensor_bytes
 from .jobs.bus import EventBus, LocalEventBus
 from .jobs.scheduler import Scheduler
 from .jobs.service import JobService
-from .jobs.store import JobStore, connect
+from .db import connect
+from .jobs.store import JobStore
 from .models.hfcache import find_snapshot
 from .storage.blobs import BlobDir
 from .storage.links import LinkSigner
@@ -133,11 +134,11 @@ def ensure_admin(keys: KeyStore, api_key: Optional[str]) -> Optional[str]:
 
 def prepare_admin_key(settings: Settings) -> Optional[str]:
     """Before serving: make the admin's first key if there is nobody yet (shown once)."""
-    connection = connect(settings.database_path)
+    database = connect(settings.database_url)
     try:
-        return ensure_admin(KeyStore(connection), settings.api_key)
+        return ensure_admin(KeyStore(database), settings.api_key)
     finally:
-        connection.close()
+        database.close()
 
 
 def worker_environ(settings: Settings, catalog: Catalog) -> dict:
@@ -201,14 +202,14 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         loop = asyncio.get_running_loop()
-        connection = connect(settings.database_path)
-        keys = KeyStore(connection)
+        database = connect(settings.database_url)
+        keys = KeyStore(database)
         ensure_admin(keys, settings.api_key)
-        store = JobStore(connection)
+        store = JobStore(database)
         access = Access(
             settings, keys, local_admin_email=ADMIN_EMAIL, unfinished_jobs=store.unfinished_count
         )
-        accounts = Accounts(settings, connection, keys, access)
+        accounts = Accounts(settings, database, keys, access)
         bus = make_bus(settings)
         await bus.start()
         scheduler = Scheduler()
@@ -281,7 +282,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
             await jobs.drain(settings.shutdown_grace)
             await asyncio.to_thread(deployments.stop)
             await bus.stop()
-            connection.close()
+            database.close()
 
     app = FastAPI(title="nnhost", lifespan=lifespan, docs_url="/docs", redoc_url=None)
 

@@ -22,6 +22,7 @@ def _serve(args: argparse.Namespace) -> int:
             "host": args.host,
             "port": args.port,
             "data_dir": args.data_dir,
+            "database": args.database,
             "api_key": args.api_key,
             "time_limit": args.time_limit,
             "kill_grace": args.kill_grace,
@@ -85,14 +86,15 @@ def _serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from .db import DatabaseError
     from .storage.results import ResultStoreError
 
     try:
         app = create_app(settings, catalog)
-    except ResultStoreError as error:
+        new_key = prepare_admin_key(settings)
+    except (ResultStoreError, DatabaseError) as error:
         print(f"nnhost serve: {error}", file=sys.stderr)
         return 2
-    new_key = prepare_admin_key(settings)
     url = settings.public_url or f"http://{settings.host}:{settings.port}"
     if settings.auth == "none":
         key_line = "    # no NDIF_API_KEY needed: --auth none, every request acts as the local admin\n"
@@ -167,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8001)")
     serve.add_argument("--data-dir", default=None, help="database, results and model cache")
+    serve.add_argument(
+        "--database", default=None, metavar="URL",
+        help="sqlite:///PATH or postgresql://USER:PASSWORD@HOST/NAME (default DATA_DIR/nnhost.sqlite3)",
+    )
     serve.add_argument("--config", default=None, help="a TOML file (default DATA_DIR/nnhost.toml)")
     serve.add_argument("--api-key", default=None, help="accept this key for the admin user")
     serve.add_argument(

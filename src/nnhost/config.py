@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8001, ge=1, le=65535)
     data_dir: Path = Path("./nnhost-data")
+    #: Where jobs, users and keys are kept: sqlite:///PATH or postgresql://USER:PASSWORD@HOST/NAME
+    #: (default: the SQLite file DATA_DIR/nnhost.sqlite3).
+    database: Optional[str] = None
     #: Repo ids served (each may be "org/name" or "org/name@revision").
     models: Names = Field(default_factory=list)
     #: Build and serve the offline demo model.
@@ -218,6 +221,13 @@ class Settings(BaseSettings):
             raise ValueError("use a Redis URL: redis://HOST:PORT[/DB], rediss://... or unix://PATH")
         return value
 
+    @field_validator("database")
+    @classmethod
+    def _database(cls, value: Optional[str]) -> Optional[str]:
+        from .db.urls import check_url
+
+        return check_url(value) if value is not None else None
+
     @field_validator("data_dir")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
@@ -270,6 +280,7 @@ class Settings(BaseSettings):
 
     @property
     def database_path(self) -> Path:
+        """The default database: a SQLite file in the data directory."""
         return self.data_dir / "nnhost.sqlite3"
 
     @property
@@ -278,6 +289,12 @@ class Settings(BaseSettings):
         if self.results is None:
             return self.data_dir / "results"
         return None if self.results.startswith("s3://") else Path(self.results)
+
+    @property
+    def database_url(self) -> str:
+        from .db.urls import sqlite_url
+
+        return self.database or sqlite_url(self.database_path)
 
     @property
     def hf_home(self) -> Path:

@@ -11,10 +11,10 @@ sentence the page can show as it is. Nothing here knows HTTP.
 from __future__ import annotations
 
 import re
-import sqlite3
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..db import Database
 from .access import Access, Throttled
 from .invites import InviteStore
 from .keys import KeyStore, Principal, UserExists, normalize_email
@@ -41,15 +41,15 @@ class Accounts:
     def __init__(
         self,
         settings: "Settings",
-        connection: sqlite3.Connection,
+        database: Database,
         keys: KeyStore,
         access: Access,
     ) -> None:
         self.settings = settings
         self.keys = keys
         self.access = access
-        self.sessions = SessionStore(connection, keys, ttl=settings.session_ttl)
-        self.invites = InviteStore(connection)
+        self.sessions = SessionStore(database, keys, ttl=settings.session_ttl)
+        self.invites = InviteStore(database)
 
     @property
     def signup_mode(self) -> str:

@@ -1,7 +1,8 @@
 """``nnhost users``, ``nnhost keys`` and ``nnhost invites``: the operator's account commands.
 
-They work on the database in ``--data-dir`` directly (SQLite in WAL mode, so
-they are safe to run while the server is serving; a revoked key is refused
+They work on the server's database directly (the one its ``--data-dir`` or
+``--database`` names; SQLite in WAL mode or PostgreSQL, so they are safe to
+run while the server is serving; a revoked key is refused
 from the next request on). A new key or invite code is printed alone on
 stdout, once, so a script can capture it; everything else goes to stderr.
 """
@@ -65,14 +66,17 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 @contextlib.contextmanager
 def _database(args: argparse.Namespace) -> Iterator:
     from ..config import load_settings
-    from ..jobs.store import connect
+    from ..db import DatabaseError, connect
 
-    settings = load_settings({"data_dir": args.data_dir})
-    connection = connect(settings.database_path)
+    settings = load_settings({"data_dir": args.data_dir, "database": args.database})
     try:
-        yield connection
+        database = connect(settings.database_url)
+    except DatabaseError as error:
+        raise _Refusal(str(error)) from None
+    try:
+        yield database
     finally:
-        connection.close()
+        database.close()
 
 
 def _fail(message: str) -> int:
@@ -304,6 +308,8 @@ def _invites_list(args: argparse.Namespace) -> int:
 def _command(group, name: str, run, help: str) -> argparse.ArgumentParser:
     parser = group.add_parser(name, help=help, description=help)
     parser.add_argument("--data-dir", default=None, help="the server's data directory")
+    parser.add_argument("--database", default=None, metavar="URL",
+                        help="the server's database, when not the one in its data directory")
 
     def reporting_refusals(args: argparse.Namespace) -> int:
         try:

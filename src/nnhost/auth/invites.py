@@ -10,27 +10,17 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from .keys import normalize_tags
+from sqlalchemy import insert, select, update
+from sqlalchemy.engine import RowMapping
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS invites (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    hash TEXT NOT NULL UNIQUE,
-    prefix TEXT NOT NULL,
-    tags TEXT NOT NULL DEFAULT '[]',
-    note TEXT NOT NULL DEFAULT '',
-    created_at REAL NOT NULL,
-    expires_at REAL,
-    used_at REAL,
-    used_by INTEGER REFERENCES users (id)
-);
-"""
+from ..db import Database
+from ..db.tables import invites
+from .keys import normalize_tags
 
 
 @dataclass(frozen=True)
@@ -57,32 +47,33 @@ def _digest(code: str) -> str:
 
 
 class InviteStore:
-    def __init__(self, connection: sqlite3.Connection) -> None:
-        self._db = connection
+    def __init__(self, database: Database) -> None:
+        self.database = database
         self._lock = threading.Lock()
-        self._db.executescript(SCHEMA)
+
+    def _write(self, statement) -> int:
+        with self._lock, self.database.write() as db:
+            return db.execute(statement).rowcount
 
     def create(
         self, tags: Iterable[str] = (), *, note: str = "", expires_at: Optional[float] = None
     ) -> str:
         code = "inv_" + secrets.token_urlsafe(18)
-        with self._lock:
-            self._db.execute(
-                "INSERT INTO invites (hash, prefix, tags, note, created_at, expires_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    _digest(code),
-                    code[:10],
-                    json.dumps(list(normalize_tags(tags))),
-                    note,
-                    time.time(),
-                    expires_at,
-                ),
+        self._write(
+            insert(invites).values(
+                hash=_digest(code),
+                prefix=code[:10],
+                tags=json.dumps(list(normalize_tags(tags))),
+                note=note,
+                created_at=time.time(),
+                expires_at=expires_at,
             )
+        )
         return code
 
     def find(self, code: str) -> Optional[Invite]:
-        row = self._db.execute("SELECT * FROM invites WHERE hash = ?", (_digest(code),)).fetchone()
+        with self.database.read() as db:
+            row = db.execute(select(invites).where(invites.c.hash == _digest(code))).mappings().first()
         return _invite(row) if row else None
 
     def claim(self, code: str) -> Optional[Invite]:
@@ -90,30 +81,34 @@ class InviteStore:
         if not code or not code.strip():
             return None
         now = time.time()
-        with self._lock:
-            cursor = self._db.execute(
-                "UPDATE invites SET used_at = ? WHERE hash = ? AND used_at IS NULL"
-                " AND (expires_at IS NULL OR expires_at > ?)",
-                (now, _digest(code), now),
+        claimed = self._write(
+            update(invites)
+            .where(
+                invites.c.hash == _digest(code),
+                invites.c.used_at.is_(None),
+                (invites.c.expires_at.is_(None)) | (invites.c.expires_at > now),
             )
-        return self.find(code) if cursor.rowcount else None
+            .values(used_at=now)
+        )
+        return self.find(code) if claimed else None
 
     def release(self, invite_id: int) -> None:
         """Give back a claimed invite whose sign-up did not go through."""
-        with self._lock:
-            self._db.execute(
-                "UPDATE invites SET used_at = NULL WHERE id = ? AND used_by IS NULL", (invite_id,)
-            )
+        self._write(
+            update(invites)
+            .where(invites.c.id == invite_id, invites.c.used_by.is_(None))
+            .values(used_at=None)
+        )
 
     def bind(self, invite_id: int, user_id: int) -> None:
-        with self._lock:
-            self._db.execute("UPDATE invites SET used_by = ? WHERE id = ?", (user_id, invite_id))
+        self._write(update(invites).where(invites.c.id == invite_id).values(used_by=user_id))
 
     def all(self) -> list[Invite]:
-        return [_invite(row) for row in self._db.execute("SELECT * FROM invites ORDER BY id")]
+        with self.database.read() as db:
+            return [_invite(row) for row in db.execute(select(invites).order_by(invites.c.id)).mappings()]
 
 
-def _invite(row: sqlite3.Row) -> Invite:
+def _invite(row: RowMapping) -> Invite:
     return Invite(
         id=row["id"],
         prefix=row["prefix"],

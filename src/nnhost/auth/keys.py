@@ -18,35 +18,18 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterable, Optional
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS users (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    email TEXT NOT NULL UNIQUE,
-    tags TEXT NOT NULL DEFAULT '[]',
-    disabled INTEGER NOT NULL DEFAULT 0,
-    created_at REAL NOT NULL,
-    password_hash TEXT
-);
-CREATE TABLE IF NOT EXISTS api_keys (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    user_id INTEGER NOT NULL REFERENCES users (id),
-    prefix TEXT NOT NULL,
-    hash TEXT NOT NULL UNIQUE,
-    name TEXT NOT NULL DEFAULT '',
-    created_at REAL NOT NULL,
-    expires_at REAL,
-    revoked_at REAL,
-    last_used_at REAL
-);
-CREATE INDEX IF NOT EXISTS api_keys_by_user ON api_keys (user_id);
-"""
+from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.exc import IntegrityError
+
+from ..db import Database
+from ..db.tables import api_keys, users
 
 KEY_PREFIX = "nnh_"
 #: The admin made on a server's first start (and the one everyone is with ``auth = "none"``).
@@ -138,90 +121,104 @@ def normalize_tags(tags: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted({tag.strip().lower() for tag in tags if tag and tag.strip()}))
 
 
-def _ensure_column(db: sqlite3.Connection, table: str, column: str, declaration: str) -> None:
-    """Add a column a database made by an older nnhost lacks."""
-    names = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
-    if column not in names:
-        db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+# Built once: every API request checks its key, and building the statement costs
+# about as much as running it.
+_CHECK = (
+    select(
+        api_keys.c.id.label("key_id"),
+        api_keys.c.expires_at,
+        api_keys.c.revoked_at,
+        api_keys.c.last_used_at,
+        users.c.id,
+        users.c.email,
+        users.c.tags,
+        users.c.disabled,
+    )
+    .join(users, users.c.id == api_keys.c.user_id)
+    .where(api_keys.c.hash == bindparam("hash"))
+)
+_USED = (
+    update(api_keys)
+    .where(api_keys.c.id == bindparam("key_id"))
+    .values(last_used_at=bindparam("now"))
+)
 
 
 class KeyStore:
-    def __init__(self, connection: sqlite3.Connection) -> None:
-        self._db = connection
+    def __init__(self, database: Database) -> None:
+        self.database = database
         self._lock = threading.Lock()
-        self._db.executescript(SCHEMA)
-        _ensure_column(self._db, "users", "password_hash", "TEXT")
+
+    def _one(self, query) -> Optional[RowMapping]:
+        with self.database.read() as db:
+            return db.execute(query).mappings().first()
+
+    def _write(self, statement) -> int:
+        """Run one statement in its own transaction; returns the rows it touched."""
+        with self._lock, self.database.write() as db:
+            return db.execute(statement).rowcount
 
     # -- users ---------------------------------------------------------------
 
     def user_count(self) -> int:
-        return self._db.execute("SELECT COUNT(*) FROM users").fetchone()[0]
+        with self.database.read() as db:
+            return db.execute(select(func.count()).select_from(users)).scalar_one()
 
     def add_user(
         self, email: str, tags: Iterable[str] = (), *, password_hash: Optional[str] = None
     ) -> int:
         email = normalize_email(email)
-        with self._lock:
-            try:
-                cursor = self._db.execute(
-                    "INSERT INTO users (email, tags, created_at, password_hash)"
-                    " VALUES (?, ?, ?, ?)",
-                    (email, json.dumps(list(normalize_tags(tags))), time.time(), password_hash),
-                )
-            except sqlite3.IntegrityError:
-                raise UserExists(f"There is already an account for {email}.") from None
-            return int(cursor.lastrowid)
+        statement = insert(users).values(
+            email=email,
+            tags=json.dumps(list(normalize_tags(tags))),
+            created_at=time.time(),
+            password_hash=password_hash,
+        )
+        try:
+            with self._lock, self.database.write() as db:
+                return int(db.execute(statement).inserted_primary_key[0])
+        except IntegrityError:
+            raise UserExists(f"There is already an account for {email}.") from None
 
     def user_by_email(self, email: str) -> Optional[Principal]:
-        row = self._db.execute(
-            "SELECT * FROM users WHERE email = ?", (normalize_email(email),)
-        ).fetchone()
+        row = self._one(select(users).where(users.c.email == normalize_email(email)))
         return _principal(row) if row else None
 
     def user(self, user_id: int) -> Optional[User]:
-        row = self._db.execute("SELECT * FROM users WHERE id = ?", (user_id,)).fetchone()
+        row = self._one(select(users).where(users.c.id == user_id))
         return _user(row) if row else None
 
     def find_user(self, email: str) -> Optional[User]:
-        row = self._db.execute(
-            "SELECT * FROM users WHERE email = ?", (normalize_email(email),)
-        ).fetchone()
+        row = self._one(select(users).where(users.c.email == normalize_email(email)))
         return _user(row) if row else None
 
     def users(self) -> list[User]:
-        return [_user(row) for row in self._db.execute("SELECT * FROM users ORDER BY id")]
+        with self.database.read() as db:
+            return [_user(row) for row in db.execute(select(users).order_by(users.c.id)).mappings()]
 
     def set_disabled(self, user_id: int, disabled: bool) -> None:
-        with self._lock:
-            self._db.execute(
-                "UPDATE users SET disabled = ? WHERE id = ?", (int(disabled), user_id)
-            )
+        self._write(update(users).where(users.c.id == user_id).values(disabled=int(disabled)))
 
     def set_tags(self, user_id: int, tags: Iterable[str]) -> None:
-        with self._lock:
-            self._db.execute(
-                "UPDATE users SET tags = ? WHERE id = ?",
-                (json.dumps(list(normalize_tags(tags))), user_id),
-            )
+        self._write(
+            update(users)
+            .where(users.c.id == user_id)
+            .values(tags=json.dumps(list(normalize_tags(tags))))
+        )
 
     def set_password_hash(self, user_id: int, password_hash: Optional[str]) -> None:
-        with self._lock:
-            self._db.execute(
-                "UPDATE users SET password_hash = ? WHERE id = ?", (password_hash, user_id)
-            )
+        self._write(update(users).where(users.c.id == user_id).values(password_hash=password_hash))
 
     def login_record(self, email: str) -> Optional[tuple[Principal, Optional[str], bool]]:
         """(who, their password hash, disabled) for a login attempt, or None."""
-        row = self._db.execute(
-            "SELECT * FROM users WHERE email = ?", (normalize_email(email),)
-        ).fetchone()
+        row = self._one(select(users).where(users.c.email == normalize_email(email)))
         if row is None:
             return None
         return _principal(row), row["password_hash"], bool(row["disabled"])
 
     def principal(self, user_id: int) -> Optional[Principal]:
         """The user as a request acts for them, or None when unknown or disabled."""
-        row = self._db.execute("SELECT * FROM users WHERE id = ?", (user_id,)).fetchone()
+        row = self._one(select(users).where(users.c.id == user_id))
         if row is None or row["disabled"]:
             return None
         return _principal(row)
@@ -238,29 +235,29 @@ class KeyStore:
     ) -> str:
         """Make a key for the user and return it; this is the only time it exists in clear."""
         key = key or new_key()
-        with self._lock:
-            self._db.execute(
-                "INSERT INTO api_keys (user_id, prefix, hash, name, created_at, expires_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (user_id, key[:SHOWN_PREFIX], hash_key(key), name, time.time(), expires_at),
+        self._write(
+            insert(api_keys).values(
+                user_id=user_id,
+                prefix=key[:SHOWN_PREFIX],
+                hash=hash_key(key),
+                name=name,
+                created_at=time.time(),
+                expires_at=expires_at,
             )
+        )
         return key
 
     def has_key(self, key: str) -> bool:
-        row = self._db.execute(
-            "SELECT 1 FROM api_keys WHERE hash = ?", (hash_key(key),)
-        ).fetchone()
-        return row is not None
+        return self._one(select(api_keys.c.id).where(api_keys.c.hash == hash_key(key))) is not None
 
     def keys(self, user_id: Optional[int] = None) -> list[KeyInfo]:
         """Keys newest first: one user's, or everyone's."""
-        query = (
-            "SELECT k.*, u.email FROM api_keys k JOIN users u ON u.id = k.user_id"
-            + (" WHERE k.user_id = ?" if user_id is not None else "")
-            + " ORDER BY k.created_at DESC, k.id DESC"
-        )
-        rows = self._db.execute(query, (user_id,) if user_id is not None else ())
-        return [_key_info(row) for row in rows]
+        query = select(api_keys, users.c.email).join(users, users.c.id == api_keys.c.user_id)
+        if user_id is not None:
+            query = query.where(api_keys.c.user_id == user_id)
+        query = query.order_by(api_keys.c.created_at.desc(), api_keys.c.id.desc())
+        with self.database.read() as db:
+            return [_key_info(row) for row in db.execute(query).mappings()]
 
     def find_keys(self, reference: str, user_id: Optional[int] = None) -> list[KeyInfo]:
         """Keys matching an id, or the start of a shown prefix (the key itself also works)."""
@@ -275,29 +272,26 @@ class KeyStore:
                 matches.append(info)
         if len(matches) > 1 and len(reference) > SHOWN_PREFIX:
             # The full key was given: only its hash can tell the candidates apart.
-            digest = hash_key(reference)
-            row = self._db.execute("SELECT id FROM api_keys WHERE hash = ?", (digest,)).fetchone()
+            row = self._one(select(api_keys.c.id).where(api_keys.c.hash == hash_key(reference)))
             matches = [info for info in matches if row is not None and info.id == row["id"]]
         return matches
 
     def revoke_key(self, key_id: int, user_id: Optional[int] = None) -> bool:
         """Revoke a key (only the user's own, when ``user_id`` is given); False if none."""
-        query = "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL"
-        params: tuple = (time.time(), key_id)
+        statement = (
+            update(api_keys)
+            .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
+            .values(revoked_at=time.time())
+        )
         if user_id is not None:
-            query += " AND user_id = ?"
-            params += (user_id,)
-        with self._lock:
-            return self._db.execute(query, params).rowcount > 0
+            statement = statement.where(api_keys.c.user_id == user_id)
+        return self._write(statement) > 0
 
     def check(self, key: Optional[str]) -> KeyCheck:
         if not key:
             return KeyCheck(problem=KeyProblem.MISSING)
-        row = self._db.execute(
-            "SELECT k.id AS key_id, k.expires_at, k.revoked_at, k.last_used_at, u.*"
-            " FROM api_keys k JOIN users u ON u.id = k.user_id WHERE k.hash = ?",
-            (hash_key(key),),
-        ).fetchone()
+        with self.database.read() as db:
+            row = db.execute(_CHECK, {"hash": hash_key(key)}).mappings().first()
         if row is None:
             return KeyCheck(problem=KeyProblem.UNKNOWN)
         now = time.time()
@@ -308,18 +302,16 @@ class KeyStore:
         if row["disabled"]:
             return KeyCheck(problem=KeyProblem.DISABLED)
         if row["last_used_at"] is None or now - row["last_used_at"] > _LAST_USED_EVERY:
-            with self._lock:
-                self._db.execute(
-                    "UPDATE api_keys SET last_used_at = ? WHERE id = ?", (now, row["key_id"])
-                )
+            with self._lock, self.database.write() as db:
+                db.execute(_USED, {"key_id": row["key_id"], "now": now})
         return KeyCheck(principal=_principal(row))
 
 
-def _principal(row: sqlite3.Row) -> Principal:
+def _principal(row: RowMapping) -> Principal:
     return Principal(row["id"], row["email"], tuple(json.loads(row["tags"])))
 
 
-def _user(row: sqlite3.Row) -> User:
+def _user(row: RowMapping) -> User:
     return User(
         id=row["id"],
         email=row["email"],
@@ -330,7 +322,7 @@ def _user(row: sqlite3.Row) -> User:
     )
 
 
-def _key_info(row: sqlite3.Row) -> KeyInfo:
+def _key_info(row: RowMapping) -> KeyInfo:
     return KeyInfo(
         id=row["id"],
         user_id=row["user_id"],

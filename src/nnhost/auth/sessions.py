@@ -13,22 +13,15 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-import sqlite3
 import threading
 import time
 from typing import Optional
 
-from .keys import KeyStore, Principal
+from sqlalchemy import delete, insert, select
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS web_sessions (
-    hash TEXT PRIMARY KEY,
-    user_id INTEGER NOT NULL REFERENCES users (id),
-    created_at REAL NOT NULL,
-    expires_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS web_sessions_by_user ON web_sessions (user_id);
-"""
+from ..db import Database
+from ..db.tables import web_sessions
+from .keys import KeyStore, Principal
 
 
 def _digest(token: str) -> str:
@@ -47,34 +40,35 @@ def csrf_matches(secret: Optional[str], sent: Optional[str], purpose: str = "ses
 
 
 class SessionStore:
-    def __init__(self, connection: sqlite3.Connection, keys: KeyStore, ttl: float) -> None:
-        self._db = connection
+    def __init__(self, database: Database, keys: KeyStore, ttl: float) -> None:
+        self.database = database
         self._keys = keys
         self._lock = threading.Lock()
         self.ttl = ttl
-        self._db.executescript(SCHEMA)
 
     def create(self, user_id: int) -> str:
         """Start a session; returns the cookie value (the only time it exists in clear)."""
         token = secrets.token_urlsafe(32)
         now = time.time()
-        with self._lock:
-            self._db.execute(
-                "INSERT INTO web_sessions (hash, user_id, created_at, expires_at)"
-                " VALUES (?, ?, ?, ?)",
-                (_digest(token), user_id, now, now + self.ttl),
+        with self._lock, self.database.write() as db:
+            db.execute(
+                insert(web_sessions).values(
+                    hash=_digest(token), user_id=user_id, created_at=now, expires_at=now + self.ttl
+                )
             )
             # Sweep ended sessions while we are writing anyway.
-            self._db.execute("DELETE FROM web_sessions WHERE expires_at <= ?", (now,))
+            db.execute(delete(web_sessions).where(web_sessions.c.expires_at <= now))
         return token
 
     def principal(self, token: Optional[str]) -> Optional[Principal]:
         """Who the cookie belongs to, or None (unknown, expired, or user disabled)."""
         if not token:
             return None
-        row = self._db.execute(
-            "SELECT user_id, expires_at FROM web_sessions WHERE hash = ?", (_digest(token),)
-        ).fetchone()
+        query = select(web_sessions.c.user_id, web_sessions.c.expires_at).where(
+            web_sessions.c.hash == _digest(token)
+        )
+        with self.database.read() as db:
+            row = db.execute(query).mappings().first()
         if row is None or row["expires_at"] <= time.time():
             return None
         return self._keys.principal(row["user_id"])
@@ -82,9 +76,9 @@ class SessionStore:
     def end(self, token: Optional[str]) -> None:
         if not token:
             return
-        with self._lock:
-            self._db.execute("DELETE FROM web_sessions WHERE hash = ?", (_digest(token),))
+        with self._lock, self.database.write() as db:
+            db.execute(delete(web_sessions).where(web_sessions.c.hash == _digest(token)))
 
     def end_all(self, user_id: int) -> None:
-        with self._lock:
-            self._db.execute("DELETE FROM web_sessions WHERE user_id = ?", (user_id,))
+        with self._lock, self.database.write() as db:
+            db.execute(delete(web_sessions).where(web_sessions.c.user_id == user_id))

@@ -1,100 +1,95 @@
-"""Durable job records in SQLite (WAL): every transition is on disk before it is announced.
+"""Durable job records: every transition is in the database before it is announced.
 
-One database file under the data directory holds the jobs, their log lines,
-and (see `nnhost.auth`) users and keys. The store enforces the lifecycle of
-`job.py` on every write, so the history on disk is always a possible one.
+The server's database (see `nnhost.db`: SQLite by default, or PostgreSQL) holds
+the jobs, their log lines, and (see `nnhost.auth`) users and keys. The store
+enforces the lifecycle of `job.py` on every write, so the history stored is
+always a possible one; a transition reads and writes its row in one
+transaction, locking the row where the database can (PostgreSQL), so two
+processes cannot both move one job.
 
-Writes are small and SQLite in WAL mode commits them in well under a
-millisecond, so the API's event loop calls the store directly. It knows
-nothing about HTTP.
+Writes are small and commit in well under a millisecond, so the API's event
+loop calls the store directly. It knows nothing about HTTP, nor which
+database it is talking to.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Union
 
+from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy.engine import RowMapping
+
+from ..db import Database
+from ..db import connect as _connect_database
+from ..db.tables import job_logs, jobs
 from .job import Job, Status, check_transition
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    user_id INTEGER NOT NULL,
-    model_key TEXT NOT NULL,
-    deployment TEXT NOT NULL,
-    session_id TEXT NOT NULL DEFAULT '',
-    compress INTEGER NOT NULL DEFAULT 0,
-    env TEXT NOT NULL DEFAULT '{}',
-    status TEXT NOT NULL,
-    description TEXT NOT NULL DEFAULT '',
-    meta TEXT,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    base_url TEXT NOT NULL DEFAULT '',
-    result_size INTEGER,
-    result_expires_at REAL
-);
-CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status);
-CREATE INDEX IF NOT EXISTS jobs_by_user ON jobs (user_id, created_at);
-CREATE TABLE IF NOT EXISTS job_logs (
-    job_id TEXT NOT NULL,
-    at REAL NOT NULL,
-    line TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS job_logs_by_job ON job_logs (job_id);
-CREATE INDEX IF NOT EXISTS job_logs_by_time ON job_logs (at);
-"""
+
+def connect(target: Union[Path, str]) -> Database:
+    """The server's database (a SQLite file's path, or a URL), migrated and ready."""
+    return _connect_database(target)
 
 
-def connect(path: Path) -> sqlite3.Connection:
-    """One connection to the server's database, set up for many small writes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    connection = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-    connection.row_factory = sqlite3.Row
-    connection.execute("PRAGMA journal_mode=WAL")
-    connection.execute("PRAGMA synchronous=NORMAL")
-    connection.execute("PRAGMA foreign_keys=ON")
-    connection.execute("PRAGMA busy_timeout=5000")
-    return connection
+# The statements of the calls made for every job and LOG line, built once
+# (building one costs about as much as running it).
+_GET = select(jobs).where(jobs.c.id == bindparam("job_id"))
+_LOCK_ROW = _GET.with_for_update()
+_ADD_LOG = insert(job_logs).values(
+    job_id=bindparam("job_id"), at=bindparam("at"), line=bindparam("line")
+)
+_TRANSITION = (
+    update(jobs)
+    .where(jobs.c.id == bindparam("job_id"))
+    .values(
+        status=bindparam("status"),
+        description=bindparam("description"),
+        meta=bindparam("meta"),
+        updated_at=bindparam("updated_at"),
+        result_size=bindparam("result_size"),
+        result_expires_at=bindparam("result_expires_at"),
+    )
+)
 
 
 class JobStore:
-    def __init__(self, connection: sqlite3.Connection) -> None:
-        self._db = connection
+    def __init__(self, database: Database) -> None:
+        self.database = database
+        # One writer at a time within this process; across processes the row lock does it.
         self._lock = threading.Lock()
-        self._db.executescript(SCHEMA)
+
+    def _jobs(self, query) -> list[Job]:
+        with self.database.read() as db:
+            return [_job(row) for row in db.execute(query).mappings()]
 
     # -- reads ---------------------------------------------------------------
 
     def get(self, job_id: str) -> Optional[Job]:
-        row = self._db.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        with self.database.read() as db:
+            row = db.execute(_GET, {"job_id": job_id}).mappings().first()
         return _job(row) if row else None
 
     def with_status(self, statuses: Iterable[Status]) -> list[Job]:
         names = [status.value for status in statuses]
-        marks = ",".join("?" * len(names))
-        rows = self._db.execute(
-            f"SELECT * FROM jobs WHERE status IN ({marks}) ORDER BY created_at", names
-        ).fetchall()
-        return [_job(row) for row in rows]
+        return self._jobs(select(jobs).where(jobs.c.status.in_(names)).order_by(jobs.c.created_at))
 
     def for_user(self, user_id: int, limit: int = 50) -> list[Job]:
-        rows = self._db.execute(
-            "SELECT * FROM jobs WHERE user_id = ? ORDER BY created_at DESC LIMIT ?",
-            (user_id, limit),
-        ).fetchall()
-        return [_job(row) for row in rows]
+        return self._jobs(
+            select(jobs)
+            .where(jobs.c.user_id == user_id)
+            .order_by(jobs.c.created_at.desc())
+            .limit(limit)
+        )
 
     def unfinished_count(self, user_id: int) -> int:
         """How many of the user's jobs are waiting or running (for the queued-jobs limit)."""
-        return self._db.execute(
-            "SELECT COUNT(*) FROM jobs WHERE user_id = ? AND status NOT IN (?, ?)",
-            (user_id, Status.COMPLETED.value, Status.ERROR.value),
-        ).fetchone()[0]
+        final = (Status.COMPLETED.value, Status.ERROR.value)
+        query = select(func.count()).where(jobs.c.user_id == user_id, jobs.c.status.not_in(final))
+        with self.database.read() as db:
+            return db.execute(query).scalar_one()
 
     def search(
         self,
@@ -105,60 +100,49 @@ class JobStore:
         limit: int = 100,
     ) -> list[Job]:
         """Most recent jobs first, optionally of one user, deployment and/or status."""
-        clauses, values = [], []
+        query = select(jobs)
         if status is not None:
-            clauses.append("status = ?")
-            values.append(status.value)
+            query = query.where(jobs.c.status == status.value)
         if user_id is not None:
-            clauses.append("user_id = ?")
-            values.append(user_id)
+            query = query.where(jobs.c.user_id == user_id)
         if deployment is not None:
-            clauses.append("deployment = ?")
-            values.append(deployment)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = self._db.execute(
-            f"SELECT * FROM jobs {where} ORDER BY created_at DESC LIMIT ?", (*values, limit)
-        ).fetchall()
-        return [_job(row) for row in rows]
+            query = query.where(jobs.c.deployment == deployment)
+        return self._jobs(query.order_by(jobs.c.created_at.desc()).limit(limit))
 
     def expired_results(self, now: float) -> list[Job]:
-        rows = self._db.execute(
-            "SELECT * FROM jobs WHERE result_expires_at IS NOT NULL AND result_expires_at <= ?",
-            (now,),
-        ).fetchall()
-        return [_job(row) for row in rows]
+        return self._jobs(
+            select(jobs).where(
+                jobs.c.result_expires_at.is_not(None), jobs.c.result_expires_at <= now
+            )
+        )
 
     def logs(self, job_id: str) -> list[str]:
-        rows = self._db.execute(
-            "SELECT line FROM job_logs WHERE job_id = ? ORDER BY rowid", (job_id,)
-        ).fetchall()
-        return [row["line"] for row in rows]
+        query = select(job_logs.c.line).where(job_logs.c.job_id == job_id).order_by(job_logs.c.id)
+        with self.database.read() as db:
+            return list(db.execute(query).scalars())
 
     # -- writes --------------------------------------------------------------
 
     def create(self, job: Job) -> Job:
         now = time.time()
         job.created_at = job.updated_at = now
-        with self._lock:
-            self._db.execute(
-                "INSERT INTO jobs (id, user_id, model_key, deployment, session_id, compress,"
-                " env, status, description, meta, created_at, updated_at, base_url)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    job.id,
-                    job.user_id,
-                    job.model_key,
-                    job.deployment,
-                    job.session_id,
-                    int(job.compress),
-                    json.dumps(job.env),
-                    job.status.value,
-                    job.description,
-                    json.dumps(job.meta) if job.meta is not None else None,
-                    job.created_at,
-                    job.updated_at,
-                    job.base_url,
-                ),
+        with self._lock, self.database.write() as db:
+            db.execute(
+                insert(jobs).values(
+                    id=job.id,
+                    user_id=job.user_id,
+                    model_key=job.model_key,
+                    deployment=job.deployment,
+                    session_id=job.session_id,
+                    compress=int(job.compress),
+                    env=json.dumps(job.env),
+                    status=job.status.value,
+                    description=job.description,
+                    meta=json.dumps(job.meta) if job.meta is not None else None,
+                    created_at=job.created_at,
+                    updated_at=job.updated_at,
+                    base_url=job.base_url,
+                )
             )
         return job
 
@@ -173,10 +157,11 @@ class JobStore:
         result_expires_at: Optional[float] = None,
     ) -> Job:
         """Move a job to ``status``, refusing transitions the lifecycle forbids."""
-        with self._lock:
-            job = self.get(job_id)
-            if job is None:
+        with self._lock, self.database.write() as db:
+            row = db.execute(_LOCK_ROW, {"job_id": job_id}).mappings().first()
+            if row is None:
                 raise KeyError(job_id)
+            job = _job(row)
             check_transition(job.status, status)
             job.status, job.description, job.updated_at = status, description, time.time()
             if meta is not None:
@@ -184,45 +169,39 @@ class JobStore:
             if result_size is not None:
                 job.result_size = result_size
                 job.result_expires_at = result_expires_at
-            self._db.execute(
-                "UPDATE jobs SET status = ?, description = ?, meta = ?, updated_at = ?,"
-                " result_size = ?, result_expires_at = ? WHERE id = ?",
-                (
-                    job.status.value,
-                    job.description,
-                    json.dumps(job.meta) if job.meta is not None else None,
-                    job.updated_at,
-                    job.result_size,
-                    job.result_expires_at,
-                    job.id,
-                ),
+            db.execute(
+                _TRANSITION,
+                {
+                    "job_id": job.id,
+                    "status": job.status.value,
+                    "description": job.description,
+                    "meta": json.dumps(job.meta) if job.meta is not None else None,
+                    "updated_at": job.updated_at,
+                    "result_size": job.result_size,
+                    "result_expires_at": job.result_expires_at,
+                },
             )
         return job
 
     def forget_result(self, job_id: str) -> None:
-        with self._lock:
-            self._db.execute(
-                "UPDATE jobs SET result_expires_at = NULL WHERE id = ?", (job_id,)
-            )
+        with self._lock, self.database.write() as db:
+            db.execute(update(jobs).where(jobs.c.id == job_id).values(result_expires_at=None))
 
     def delete_logs(self, job_id: str) -> None:
-        with self._lock:
-            self._db.execute("DELETE FROM job_logs WHERE job_id = ?", (job_id,))
+        with self._lock, self.database.write() as db:
+            db.execute(delete(job_logs).where(job_logs.c.job_id == job_id))
 
     def delete_logs_before(self, at: float) -> int:
         """Delete LOG lines written before ``at``; returns how many."""
-        with self._lock:
-            return self._db.execute("DELETE FROM job_logs WHERE at < ?", (at,)).rowcount
+        with self._lock, self.database.write() as db:
+            return db.execute(delete(job_logs).where(job_logs.c.at < at)).rowcount
 
     def add_log(self, job_id: str, line: str) -> None:
-        with self._lock:
-            self._db.execute(
-                "INSERT INTO job_logs (job_id, at, line) VALUES (?, ?, ?)",
-                (job_id, time.time(), line),
-            )
+        with self._lock, self.database.write() as db:
+            db.execute(_ADD_LOG, {"job_id": job_id, "at": time.time(), "line": line})
 
 
-def _job(row: sqlite3.Row) -> Job:
+def _job(row: RowMapping) -> Job:
     return Job(
         id=row["id"],
         user_id=row["user_id"],

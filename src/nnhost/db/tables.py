@@ -1,0 +1,147 @@
+"""The tables of the server's database, as the code uses them now (the migrations' head).
+
+Jobs and their LOG lines belong to `nnhost.jobs`; users, keys, web sessions and
+invites to `nnhost.auth`; both read and write them through this one
+definition, so one database serves both on SQLite and on PostgreSQL.
+
+A change here is never enough on its own: a database made by an earlier
+version only changes through a new file in ``migrations/versions``, and
+tests/test_database.py checks that the migrations arrive at exactly these tables.
+
+Types are chosen to mean the same on both: moments are seconds since the
+epoch as double precision (SQLite REAL), flags are 0/1 integers, lists and
+tables are JSON text, and sizes are 64-bit.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    REAL,
+    BigInteger,
+    Column,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    TypeDecorator,
+)
+
+#: Seconds since the epoch: REAL on SQLite (as nnhost always had it), double precision elsewhere.
+Seconds = Double().with_variant(REAL(), "sqlite")
+#: A 64-bit count; on SQLite INTEGER, which is already 64-bit (and, as a key, the rowid).
+Count = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class FreeText(TypeDecorator):
+    """Text written by users or their code: what no database can hold is replaced.
+
+    PostgreSQL refuses NUL characters in text and neither database can encode a
+    lone surrogate; a job's log line or description holding one must still be kept.
+    """
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if value is None:
+            return value
+        if "\x00" in value:
+            value = value.replace("\x00", "\ufffd")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            value = value.encode("utf-8", "replace").decode("utf-8")
+        return value
+
+
+metadata = MetaData()
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("user_id", Integer, nullable=False),
+    Column("model_key", Text, nullable=False),
+    Column("deployment", Text, nullable=False),
+    Column("session_id", Text, nullable=False, server_default=""),
+    Column("compress", Integer, nullable=False, server_default="0"),
+    Column("env", Text, nullable=False, server_default="{}"),
+    Column("status", Text, nullable=False),
+    Column("description", FreeText, nullable=False, server_default=""),
+    Column("meta", Text),
+    Column("created_at", Seconds, nullable=False),
+    Column("updated_at", Seconds, nullable=False),
+    Column("base_url", Text, nullable=False, server_default=""),
+    Column("result_size", Count),
+    Column("result_expires_at", Seconds),
+    Index("jobs_by_status", "status"),
+    Index("jobs_by_user", "user_id", "created_at"),
+)
+
+job_logs = Table(
+    "job_logs",
+    metadata,
+    # Lines are read back in the order they were written: by this id.
+    Column("id", Count, primary_key=True, autoincrement=True),
+    Column("job_id", Text, nullable=False),
+    Column("at", Seconds, nullable=False),
+    Column("line", FreeText, nullable=False),
+    Index("job_logs_by_job", "job_id"),
+    Index("job_logs_by_time", "at"),
+)
+
+users = Table(
+    "users",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("email", Text, nullable=False, unique=True),
+    Column("tags", Text, nullable=False, server_default="[]"),
+    Column("disabled", Integer, nullable=False, server_default="0"),
+    Column("created_at", Seconds, nullable=False),
+    Column("password_hash", Text),
+    sqlite_autoincrement=True,
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_id", Integer, ForeignKey("users.id"), nullable=False),
+    Column("prefix", Text, nullable=False),
+    Column("hash", Text, nullable=False, unique=True),
+    Column("name", FreeText, nullable=False, server_default=""),
+    Column("created_at", Seconds, nullable=False),
+    Column("expires_at", Seconds),
+    Column("revoked_at", Seconds),
+    Column("last_used_at", Seconds),
+    Index("api_keys_by_user", "user_id"),
+    sqlite_autoincrement=True,
+)
+
+web_sessions = Table(
+    "web_sessions",
+    metadata,
+    Column("hash", Text, primary_key=True),
+    Column("user_id", Integer, ForeignKey("users.id"), nullable=False),
+    Column("created_at", Seconds, nullable=False),
+    Column("expires_at", Seconds, nullable=False),
+    Index("web_sessions_by_user", "user_id"),
+)
+
+invites = Table(
+    "invites",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("hash", Text, nullable=False, unique=True),
+    Column("prefix", Text, nullable=False),
+    Column("tags", Text, nullable=False, server_default="[]"),
+    Column("note", FreeText, nullable=False, server_default=""),
+    Column("created_at", Seconds, nullable=False),
+    Column("expires_at", Seconds),
+    Column("used_at", Seconds),
+    Column("used_by", Integer, ForeignKey("users.id")),
+    sqlite_autoincrement=True,
+)
