@@ -19,6 +19,8 @@ WHEELS=(
   fastapi==0.165.0 starlette==1.10.0 opentelemetry-api==1.45.2 uvicorn==0.55.0
   websockets==17.4 python-multipart==0.0.34
   argon2-cffi==25.1.0 argon2-cffi-bindings==26.2.0 cffi==2.1.1 pycparser==3.12
+  pydantic-settings==2.16.3 python-dotenv==1.2.4 prometheus_client==0.26.0
+  SQLAlchemy==2.1.9 alembic==1.20.1 Mako==1.4.3
 )
 PLATFORMS=()
 for platform in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64 \
