@@ -80,7 +80,9 @@ def test_every_flag_named_exists_in_the_cli():
             known.update(action.option_strings)
             if isinstance(action, argparse._SubParsersAction):
                 pending.extend(action.choices.values())
-    named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", readme_text()))
+    # Ray's own command lines (`ray start ...`) name Ray's flags, not ours.
+    ours = "\n".join(line for line in readme_text().splitlines() if not line.lstrip().startswith("ray "))
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", ours))
     assert named, "expected the README to name some flags"
     assert named <= known, f"flags in README.md that nnhost does not have: {named - known}"
 
