@@ -3,7 +3,7 @@
 Real payloads from the nnsight client are mutated (bit flips, overwritten runs,
 truncations, splices of two payloads, inserted junk, a wrong ``compress`` flag)
 and so are the JSON envelopes around them (wrong types, huge strings, unknown
-keys, broken JSON). Everything is seeded, and bounded in time. The API must
+keys, broken JSON). Everything is seeded, and bounded by a count of cases. The API must
 never answer 5xx; every accepted job must end (ERROR or COMPLETED); the worker
 may die only if it comes back; and afterwards a normal request must give the
 same values as the same code run locally.
@@ -23,8 +23,8 @@ from conftest import API_KEY, TEST_REPO
 from nnhost.testing import ServerProcess
 
 SEED = 20240611
-MINIMUM_CASES = 1000
-TIME_BUDGET = 70.0
+#: Cases sent, whatever time they take (a count, never a rate: these machines are shared).
+CASES = 1000
 PROMPT = "The Eiffel Tower is in the city of"
 MODEL_KEY = (
     'nnsight.modeling.transformers.TransformersModel:{"repo_id": "%s", '
@@ -150,7 +150,7 @@ def test_fuzzed_requests_never_break_the_server(fuzz_server, remote_model, local
     sent = 0
     started = time.monotonic()
     with httpx.Client(timeout=30) as client:
-        while sent < MINIMUM_CASES * 1.2 and time.monotonic() - started < TIME_BUDGET:
+        while sent < CASES:
             if rng.random() < 0.7:
                 blob, compress = _mutate_blob(rng, seeds)
                 data = json.dumps({"model_key": MODEL_KEY, "compress": compress})
@@ -168,7 +168,7 @@ def test_fuzzed_requests_never_break_the_server(fuzz_server, remote_model, local
             if response.status_code == 200:
                 jobs.append(response.json()["id"])
             sent += 1
-        assert sent >= MINIMUM_CASES, f"only {sent} cases in {TIME_BUDGET}s: {statuses}"
+        assert sum(statuses.values()) == CASES
 
         # Every accepted job ends; a worker that died was replaced.
         outcomes: dict[str, int] = {}
@@ -193,7 +193,8 @@ def test_fuzzed_requests_never_break_the_server(fuzz_server, remote_model, local
             if pending:
                 time.sleep(0.5)
         assert not pending, f"{len(pending)} jobs never finished"
-    print(f"fuzz: {sent} requests {statuses}; jobs {outcomes}; worker deaths {deaths}")
+    print(f"fuzz: {sent} requests in {time.monotonic() - started:.0f}s {statuses}; "
+          f"jobs {outcomes}; worker deaths {deaths}")
     print(f"fuzz: {len(kinds)} distinct kinds of refusal")
 
     fuzz_server.wait_running(180)
