@@ -48,6 +48,7 @@ serve: install
 	$(BIN)/nnhost serve --demo $(ARGS)
 
 test: install services postgres
+	$(BIN)/python -m ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q $(ARGS)
 
 bench: install

@@ -126,7 +126,7 @@ def p_generate(model, remote):
 def p_generate_steps(model, remote):
     with model.generate(OTHER, max_new_tokens=3, remote=remote) as tracer:
         tokens = list().save()
-        for step in tracer.iter[:]:
+        for step in tracer.iter[:]:  # noqa: B007 (nnsight's loop over generation steps)
             tokens.append(model.lm_head.output[0, -1].argmax(dim=-1))
     return {"tokens": tokens}
 

@@ -39,7 +39,7 @@ def latency(remote, local, url: str, repeats: int) -> float:
     times = []
     for _ in range(repeats):
         backend = RemoteBackend(remote.to_model_key(), host=url)
-        elapsed, logits = timed(lambda: small(remote, backend=backend))
+        elapsed, logits = timed(lambda backend=backend: small(remote, backend=backend))
         check_same(logits, expected, "ray path")
         times.append(elapsed * 1000)
     return statistics.median(times)

@@ -118,7 +118,7 @@ def bench_overhead(table: Table, remote, local, url: str, repeats: int) -> None:
         small(local)
     for _ in range(repeats):
         backend = RemoteBackend(remote.to_model_key(), host=url)
-        elapsed, logits = timed(lambda: small(remote, backend=backend))
+        elapsed, logits = timed(lambda backend=backend: small(remote, backend=backend))
         check_same(logits, expected, "overhead")
         remote_ms.append(elapsed * 1000)
         server_ms.append((backend.meta or {}).get("total_seconds", float("nan")) * 1000)

@@ -128,7 +128,7 @@ class Postgres:
             except psycopg.OperationalError:
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise Unavailable(f"postgres did not accept connections:\n{self.log_tail()}")
+                    raise Unavailable(f"postgres did not accept connections:\n{self.log_tail()}") from None
                 time.sleep(0.1)
 
     def log_tail(self, lines: int = 20) -> str:

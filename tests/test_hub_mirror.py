@@ -341,7 +341,7 @@ def test_model_info_routes(hosted):
         served = client.get(f"/hubw/api/models/{REPO}").json()
         assert {"rfilename": "model.safetensors"} in served["siblings"]
 
-        for path in (f"/hub/api/models/nobody/nothing", f"/hub/api/models/{UNHOSTED}"):
+        for path in ("/hub/api/models/nobody/nothing", f"/hub/api/models/{UNHOSTED}"):
             response = client.get(path)
             assert response.status_code == 404
             assert response.headers["X-Error-Code"] == "RepoNotFound"
@@ -387,7 +387,7 @@ def test_tree_routes(hosted):
         assert client.get(f"/hub/api/models/{REPO}/tree/main/no/such/dir").json() == []
         assert client.get(f"/hub/api/models/{REPO}/tree/main/sub/dir").json() == []
 
-        response = client.get(f"/hub/api/models/nobody/nothing/tree/main")
+        response = client.get("/hub/api/models/nobody/nothing/tree/main")
         assert response.status_code == 404
         assert response.headers["X-Error-Code"] == "RepoNotFound"
         response = client.get(f"/hub/api/models/{REPO}/tree/{'0' * 40}")
@@ -466,8 +466,8 @@ def test_path_traversal_and_symlinks_refused(hosted):
         f"/hubw/{EXTRA}/resolve/main/leak.json",
         f"/hub/api/models/{REPO}/tree/main/..%2F..%2F..",
         f"/hub/api/models/{REPO}/revision/..%2F..%2F..",
-        f"/hub/nnhost-test/..%2F..%2F..%2Fhub/resolve/main/secret.txt",
-        f"/hub/api/models/nnhost-test%2F..%2F../revision/main",
+        "/hub/nnhost-test/..%2F..%2F..%2Fhub/resolve/main/secret.txt",
+        "/hub/api/models/nnhost-test%2F..%2F../revision/main",
     ]
     for path in paths:
         status, headers, body = _raw_get(base, path)

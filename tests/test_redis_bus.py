@@ -60,7 +60,7 @@ def test_garbage_on_a_session_channel_is_dropped(redis_server):  # noqa: F811
             session = await bus.open(user_id=None)
             raw = redis.Redis.from_url(redis_server.url)
             raw.publish(f"nnhost:session:{session.id}", b"?not a frame")
-            raw.set(f"nnhost:owner:forged", b"{not json")
+            raw.set("nnhost:owner:forged", b"{not json")
             bus.publish("elsewhere", "x")
             raw.publish(f"nnhost:session:{session.id}", b"tfine")
             assert await asyncio.wait_for(session.next(), 10) == "fine"

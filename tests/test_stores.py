@@ -107,7 +107,7 @@ def test_concurrent_transitions_of_one_job_let_exactly_one_win(database):
         _walk(store, job_id, Status.QUEUED, Status.DISPATCHED, Status.RUNNING)
         barrier = threading.Barrier(2)
 
-        def finish(target, status):
+        def finish(target, status, barrier=barrier, job_id=job_id):
             barrier.wait()
             try:
                 target.transition(job_id, status, status.value)

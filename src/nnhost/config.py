@@ -190,7 +190,7 @@ class Settings(BaseSettings):
         try:
             Version(value)
         except InvalidVersion:
-            raise ValueError(f"not a version; use one like 0.8.0 or 0.9.0rc1") from None
+            raise ValueError("not a version; use one like 0.8.0 or 0.9.0rc1") from None
         return value
 
     @field_validator("catalog")
@@ -304,7 +304,7 @@ class Settings(BaseSettings):
 
 
 #: The TOML values `load_settings` read, for `_TomlSource` (empty outside it).
-_TOML_VALUES: contextvars.ContextVar[dict] = contextvars.ContextVar("nnhost_toml", default={})
+_TOML_VALUES: contextvars.ContextVar[dict] = contextvars.ContextVar("nnhost_toml", default={})  # noqa: B039 (read, never mutated)
 
 
 class _TomlSource(PydanticBaseSettingsSource):

@@ -28,7 +28,7 @@ def _call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> An
         with _client(args) as client:
             response = client.request(method, path, **kwargs)
     except httpx.HTTPError as error:
-        raise SystemExit(f"nnhost: cannot reach the server: {error}")
+        raise SystemExit(f"nnhost: cannot reach the server: {error}") from None
     if response.status_code >= 400:
         try:
             detail = response.json().get("detail")

@@ -65,7 +65,7 @@ def deploy_model(server, name: str, level: str) -> dict:
     try:
         note = server.deployments.request(deployment.name, level)
     except CannotFit as error:
-        raise HTTPException(409, str(error))
+        raise HTTPException(409, str(error)) from None
     if deployment.target != level and not (level == WARM and deployment.target == HOT):
         raise HTTPException(409, f"{deployment.name} cannot be made {level} now: {note}.")
     return {"model": deployment.name, "target": deployment.target, "note": deployment.note}

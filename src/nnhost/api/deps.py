@@ -57,7 +57,7 @@ def require_principal(request: Request) -> Principal:
             request.headers.get(API_KEY_HEADER), client_address(request)
         )
     except Throttled as error:
-        raise too_many(error)
+        raise too_many(error) from None
     if check.principal is not None:
         return check.principal
     if check.problem is KeyProblem.MISSING:
@@ -80,7 +80,7 @@ def admit(request: Request, principal: Principal) -> Limits:
     try:
         return server_of(request).access.admit(principal)
     except Throttled as error:
-        raise too_many(error)
+        raise too_many(error) from None
 
 
 def version_below(sent: str, minimum: str) -> bool:

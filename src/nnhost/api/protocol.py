@@ -70,7 +70,7 @@ async def _read_form(request: Request, limit: int):
     except HTTPException:
         raise
     except Exception as error:
-        raise HTTPException(400, f"The request body is not a valid multipart form: {error}")
+        raise HTTPException(400, f"The request body is not a valid multipart form: {error}") from None
 
 
 def _parse_envelope(raw) -> Submission:
@@ -83,7 +83,7 @@ def _parse_envelope(raw) -> Submission:
             f"{'.'.join(str(p) for p in issue['loc']) or 'data'}: {issue['msg']}"
             for issue in error.errors()
         )
-        raise HTTPException(422, f"The form field 'data' is not a valid request: {fields}")
+        raise HTTPException(422, f"The form field 'data' is not a valid request: {fields}") from None
     return Submission(
         model_key=envelope.model_key,
         session_id=envelope.session_id,
@@ -109,11 +109,11 @@ async def submit_request(request: Request):
     try:
         job = await server.jobs.submit(principal, submission, blob, _base_url(request))
     except InvalidModelKey as error:
-        raise HTTPException(422, f"The request's model_key is invalid: {error}")
+        raise HTTPException(422, f"The request's model_key is invalid: {error}") from None
     except UnknownModel as error:
-        raise HTTPException(404, str(error))
+        raise HTTPException(404, str(error)) from None
     except SessionNotOwned as error:
-        raise HTTPException(403, str(error))
+        raise HTTPException(403, str(error)) from None
     response = server.jobs.response(job, _base_url(request))
     return JSONResponse(json.loads(response.model_dump_json()))
 

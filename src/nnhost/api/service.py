@@ -76,7 +76,7 @@ async def whoami(request: Request) -> dict:
             request.headers.get(API_KEY_HEADER), client_address(request)
         )
     except Throttled as error:
-        raise too_many(error)
+        raise too_many(error) from None
     principal = check.principal
     if principal is None:
         return {"email": None, "tags": []}

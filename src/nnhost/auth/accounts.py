@@ -92,7 +92,7 @@ class Accounts:
         except UserExists:
             if invite is not None:
                 self.invites.release(invite.id)
-            raise AccountError(f"There is already an account for {email}. Log in instead.")
+            raise AccountError(f"There is already an account for {email}. Log in instead.") from None
         if invite is not None:
             self.invites.bind(invite.id, user_id)
         principal = self.keys.principal(user_id)

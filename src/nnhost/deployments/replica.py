@@ -35,7 +35,7 @@ from typing import Any, Optional
 
 from ..execution.cgroups import JobGroups
 from ..execution.channel import BadMessage, Channel, close_all, pair
-from ..execution.events import JobEvent, JobSpec
+from ..execution.events import JobSpec
 from ..execution.handoff import send_job
 from ..execution.job_process import describe_exit
 from ..execution.policy import WorkerPolicy

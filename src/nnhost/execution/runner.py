@@ -30,7 +30,6 @@ import time
 import traceback
 import types
 from contextlib import contextmanager, nullcontext
-from types import TracebackType
 from typing import Any, Callable, Iterator, Optional
 
 from .capture import capture_stdout
@@ -471,7 +470,7 @@ class Runner:
         try:
             self.model._remoteable_set_env(env or {})
         except Exception as error:
-            raise UserError(f"Could not apply the request's model settings {env!r}: {error}")
+            raise UserError(f"Could not apply the request's model settings {env!r}: {error}") from None
 
     def _restore_env(self) -> None:
         # Not caught: the default env was accepted at load time, so failing now
