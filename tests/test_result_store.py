@@ -141,8 +141,10 @@ def test_expire_removes_only_what_was_written_before(store):
     store.staging_path(staged).write_bytes(b"never finished")
     assert store.expire(time.time() - 3600) == 0
     assert store.exists(old) and store.staging_path(staged).exists()
-    cutoff = time.time()
-    time.sleep(1.1)  # S3 keeps LastModified to the second: fresh is a whole second past cutoff
+    time.sleep(1.1)
+    # S3 keeps LastModified to the second (rounded down): cut at a whole second,
+    # after everything above and before what follows.
+    cutoff = float(int(time.time()))
     fresh = store.new_id()
     store.write(fresh, b"fresh")
     assert store.expire(cutoff) >= 1
