@@ -8,8 +8,9 @@ actor runs the job exactly as a local replica would; this side keeps the
 contract's view of it (state, busy, accepting) from the actor's reports,
 collected by one thread per replica with a long poll.
 
-A job goes out as its spec and payload bytes, and the "may have started"
-marker is written here before it does; its result comes back as bytes with
+A job goes out as its spec and payload bytes, from a thread of its own (the
+manager calls on the event loop, which a slow node must not hold up), and the
+"may have started" marker is written here before it does; its result comes back as bytes with
 its COMPLETED event and is written where the job service expects it. If the
 actor or its node is lost, the running job fails with an ERROR that says so,
 the loss is counted as a worker restart, and a new actor is asked for: Ray
@@ -127,37 +128,45 @@ class RayReplica:
                          name=f"ray-{self.name}", daemon=True).start()
 
     def submit(self, spec: JobSpec) -> None:
-        import ray
-
         with self._lock:
             if not self.accepting or self._actor is None:
                 raise RuntimeError(f"{self.name} is not accepting a job now")
-            payload = Path(spec.payload_path).read_bytes()
-            if spec.started_path:
-                Path(spec.started_path).touch()  # from here on the job may have run
             self._current, self._remote_accepting = spec, False
             actor = self._actor
+        # Reading the payload and waiting for the node happen off the caller's thread
+        # (the event loop): a slow or dying node must not hold up the server.
+        threading.Thread(target=self._send, args=(actor, spec), name=f"ray-send-{self.name}",
+                         daemon=True).start()
+
+    def _send(self, actor, spec: JobSpec) -> None:
+        import ray
+
         wire = {key: value for key, value in asdict(spec).items()
                 if key not in ("payload_path", "result_path", "started_path", "payload_fd", "result_fd")}
         try:
+            payload = Path(spec.payload_path).read_bytes()
+            if spec.started_path:
+                Path(spec.started_path).touch()  # from here on the job may have run
             ray.get(actor.submit.remote(wire, payload), timeout=CALL_TIMEOUT)
         except Exception as error:
             with self._lock:
-                if self._current is spec:
-                    self._current = None
-            raise RuntimeError(f"{self.name} refused the job: {error}") from error
+                if self._current is not spec:
+                    return  # already ended (its node was lost, or it was cancelled)
+                self._current = None
+            log.warning("replica %s could not start job %s: %s", self.name, spec.job_id, error)
+            self._on_job_event(JobEvent(
+                spec.job_id, "ERROR",
+                "Your request could not be started on its Ray node. You can resubmit your request.",
+            ))
+            self._on_idle()
 
     def cancel(self, job_id: str) -> bool:
-        import ray
-
         with self._lock:
             if self._current is None or self._current.job_id != job_id or self._actor is None:
                 return False
-            actor = self._actor
-        try:
-            return bool(ray.get(actor.cancel.remote(job_id), timeout=CALL_TIMEOUT))
-        except Exception:
-            return False
+            # The node reports the job's ERROR once its process is stopped.
+            self._actor.cancel.remote(job_id)
+            return True
 
     def place(self, device: str) -> None:
         with self._lock:
