@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import API_KEY, TEST_REPO
 from nnhost.testing import ServerProcess
+from test_accounts import as_client, wait_done
 
 PROMPT = "The Eiffel Tower is in the city of"
 GOOD, BAD = 3, 2
@@ -59,20 +60,6 @@ def moved(before: dict, after: dict, name: str, **labels) -> float:
     return value(after, name, **labels) - value(before, name, **labels)
 
 
-def as_client(server):
-    from nnsight import CONFIG
-
-    class Pointed:
-        def __enter__(self):
-            self.previous = CONFIG.API.HOST
-            CONFIG.API.HOST = server.url
-
-        def __exit__(self, *exc):
-            CONFIG.API.HOST = self.previous
-
-    return Pointed()
-
-
 def good_trace(model):
     with model.trace(PROMPT, remote=True):
         logits = model.lm_head.output.save()
@@ -101,23 +88,12 @@ def submit(model) -> str:
     return tracer.backend.job_id
 
 
-def wait_done(server, job_id: str, timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        latest = httpx.get(f"{server.url}/response/{job_id}", headers={"ndif-api-key": API_KEY})
-        assert latest.status_code == 200, latest.text
-        if latest.json()["status"] in ("COMPLETED", "ERROR"):
-            return latest.json()
-        time.sleep(0.1)
-    raise AssertionError(f"job {job_id} did not finish")
-
-
 def test_counters_move_by_exactly_the_jobs_of_their_kind(observed, remote_model):
     model = TEST_REPO
     before = scrape(observed)
     assert value(before, "nnhost_deployment_level", model=model, level="HOT") == 1
     assert value(before, "nnhost_queue_length", model=model) == 0
-    with as_client(observed):
+    with as_client(observed, API_KEY):
         for _ in range(GOOD):
             assert good_trace(remote_model).shape[0] == 1
         for _ in range(BAD):
@@ -166,9 +142,9 @@ def log_lines(server) -> list[dict]:
 
 
 def test_json_log_lines_of_one_job(observed, remote_model):
-    with as_client(observed):
+    with as_client(observed, API_KEY):
         job_id = submit(remote_model)
-    assert wait_done(observed, job_id)["status"] == "COMPLETED"
+    assert wait_done(observed, API_KEY, job_id)["status"] == "COMPLETED"
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         mine = [line for line in log_lines(observed) if line.get("job_id") == job_id]

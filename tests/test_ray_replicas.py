@@ -19,6 +19,7 @@ from compare import assert_identical
 from conftest import API_KEY, TEST_REPO
 from nnhost.testing import ServerProcess
 from service_ray import ray_cluster  # noqa: F401  (the fixture)
+from test_accounts import as_client
 
 PROMPT = "The Eiffel Tower is in the city of"
 
@@ -32,22 +33,6 @@ def ray_server(root, server_hf_home, test_snapshot, server, ray_cluster):  # noq
     process.start(timeout=300)
     yield process
     process.stop()
-
-
-class pointed:
-    def __init__(self, server):
-        self.server = server
-
-    def __enter__(self):
-        from nnsight import CONFIG
-
-        self.previous = CONFIG.API.HOST
-        CONFIG.API.HOST = self.server.url
-
-    def __exit__(self, *exc):
-        from nnsight import CONFIG
-
-        CONFIG.API.HOST = self.previous
 
 
 def trace(model):
@@ -78,7 +63,7 @@ def wait_running(server, timeout=300) -> dict:
 def test_jobs_run_on_a_ray_node_with_local_results(ray_server, ray_cluster, remote_model, local_model):  # noqa: F811
     node = replica_node(ray_server)
     assert node in {worker.node_id for worker in ray_cluster.workers}
-    with pointed(ray_server):
+    with as_client(ray_server, API_KEY):
         remote = [trace(remote_model) for _ in range(2)]
     with local_model.trace(PROMPT):
         hidden = local_model.transformer.h[0].output[0].save()
@@ -89,7 +74,7 @@ def test_jobs_run_on_a_ray_node_with_local_results(ray_server, ray_cluster, remo
 
 def test_losing_the_node_fails_its_job_and_the_replica_moves(ray_server, ray_cluster, remote_model, local_model):  # noqa: F811
     node = replica_node(ray_server)
-    with pointed(ray_server):
+    with as_client(ray_server, API_KEY):
         with remote_model.trace(PROMPT, remote=True, blocking=False) as tracer:
             time.sleep(30)
             remote_model.lm_head.output.save()
@@ -112,7 +97,7 @@ def test_losing_the_node_fails_its_job_and_the_replica_moves(ray_server, ray_clu
     wait_running(ray_server)
     moved = replica_node(ray_server)
     assert moved != node and moved == ray_cluster.workers[0].node_id
-    with pointed(ray_server):
+    with as_client(ray_server, API_KEY):
         hidden, logits = trace(remote_model)
     with local_model.trace(PROMPT):
         expected = local_model.lm_head.output.save()

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import API_KEY, TEST_REPO
 from nnhost.testing import ServerProcess
-from test_accounts import make_user
+from test_accounts import as_client, make_user
 from test_browser import Camera, browser  # noqa: F401  (the browser fixture)
 
 PROMPT = "The Eiffel Tower is in the city of"
@@ -68,16 +68,10 @@ def operator(watched) -> str:
 
 
 def submit_sleeping(model, server, key: str) -> str:
-    from nnsight import CONFIG
-
-    previous = CONFIG.API.HOST, CONFIG.API.APIKEY
-    CONFIG.API.HOST, CONFIG.API.APIKEY = server.url, key
-    try:
+    with as_client(server, key):
         with model.trace(PROMPT, remote=True, blocking=False) as tracer:
             time.sleep(SLEEP)
             model.lm_head.output[:, -1].save()
-    finally:
-        CONFIG.API.HOST, CONFIG.API.APIKEY = previous
     return tracer.backend.job_id
 
 
