@@ -57,6 +57,14 @@ def _operator(request: Request):
     return viewer, None
 
 
+async def _operator_form(request: Request):
+    """(viewer, None) for an admin's button with a good CSRF token; (None, response) else."""
+    viewer, refusal = _operator(request)
+    if refusal is None:
+        _, refusal = await read_form(request, viewer)
+    return (viewer, None) if refusal is None else (None, refusal)
+
+
 def _lines(server, jobs: list[Job]) -> list[JobLine]:
     owners: dict[int, str] = {}
     now = time.time()
@@ -86,12 +94,9 @@ async def admin_page(request: Request, did: str = "", target: str = "") -> Respo
 
 @router.post("/admin/jobs/{job_id}/cancel")
 async def cancel_from_page(job_id: str, request: Request) -> Response:
-    viewer, refusal = _operator(request)
+    viewer, refusal = await _operator_form(request)
     if refusal is not None:
         return refusal
-    form, refused = await read_form(request, viewer)
-    if refused is not None:
-        return refused
     server = server_of(request)
     job = server.jobs.store.get(job_id)
     if job is None:
@@ -104,12 +109,9 @@ async def cancel_from_page(job_id: str, request: Request) -> Response:
 
 @router.post("/admin/models/{name:path}/{action}")
 async def model_from_page(name: str, action: str, request: Request) -> Response:
-    viewer, refusal = _operator(request)
+    viewer, refusal = await _operator_form(request)
     if refusal is not None:
         return refusal
-    form, refused = await read_form(request, viewer)
-    if refused is not None:
-        return refused
     server = server_of(request)
     try:
         if action in ("hot", "warm"):

@@ -314,11 +314,13 @@ class JobService(Completion, Upkeep):
 
     def _noted(self, job: Job) -> None:
         """One log line per recorded status (the job's id in its fields), then the observers."""
-        log.info(
-            "job %s %s on %s: %s", job.id, job.status.value, job.deployment, one_line(job.description),
-            extra={"job_id": job.id, "status": job.status.value, "model": job.deployment,
-                   "user_id": job.user_id},
-        )
+        if log.isEnabledFor(logging.INFO):  # no wording work on the hot path when not logged
+            log.info(
+                "job %s %s on %s: %s", job.id, job.status.value, job.deployment,
+                one_line(job.description),
+                extra={"job_id": job.id, "status": job.status.value, "model": job.deployment,
+                       "user_id": job.user_id},
+            )
         self.observers.job_changed(job)
 
     def _publish(
