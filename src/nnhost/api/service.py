@@ -52,15 +52,13 @@ async def ping() -> str:
 
 @router.get("/status")
 async def status(request: Request) -> dict:
-    server = server_of(request)
-    deployments = server.deployments.status()
-    for entry in deployments.values():
-        entry["queued"] = server.scheduler.waiting(entry["deployment"])
-    devices = {
-        device: {"budget_bytes": budget, "used_bytes": server.deployments.used(device)}
-        for device, budget in server.deployments.budgets.items()
-    }
-    return {"deployments": deployments, "devices": devices}
+    board = server_of(request).jobs.board()
+    status = {"deployments": board["deployments"], "devices": board["devices"]}
+    if board.get("stale"):
+        # No controller has reported lately (API processes without one): say so.
+        status["controller"] = {"reporting": False,
+                                "last_report_seconds_ago": board.get("published_seconds_ago")}
+    return status
 
 
 @router.get("/env")
