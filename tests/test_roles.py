@@ -1,0 +1,186 @@
+"""Separate API and controller processes, as a cluster runs them, on loopback.
+
+Two ``--role api`` processes and a ``--role controller`` share one PostgreSQL,
+one Redis and one result directory, all started by the suite. A load balancer
+of the test's own sends the client's websocket to one API process and its HTTP
+requests to the other: the unmodified nnsight client still gets every update
+and a result equal to a local run. Then the controller is killed with SIGKILL:
+a standby controller takes over, the jobs that were queued run (once), and the
+one that was running ends with an ERROR saying it may have run.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from balancer import Balancer, websockets_to_first
+from compare import assert_identical
+from conftest import API_KEY, TEST_REPO
+from nnhost.testing import ServerProcess
+from service_redis import redis_server  # noqa: F401  (the fixture)
+
+PROMPT = "The Eiffel Tower is in the city of"
+HEADERS = {"ndif-api-key": API_KEY}
+
+
+def _process(root, hf_home, name, role, database, redis_url, results, *extra):
+    return ServerProcess(
+        [TEST_REPO], data_dir=root / f"roles-{name}", hf_home=hf_home, api_key=API_KEY,
+        extra_args=["--role", role, "--database", database, "--events", redis_url,
+                    "--results", str(results), *extra],
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(root, server_hf_home, test_snapshot, server, postgres, redis_server):  # noqa: F811
+    database = postgres.new_database()
+    results = root / "roles-shared-results"
+    started = []
+
+    def start(name, role, *extra):
+        process = _process(root, server_hf_home, name, role, database, redis_server.url,
+                           results, *extra)
+        started.append(process)
+        return process.start()
+
+    parts = {"database": database, "start": start}
+    parts["controller"] = start("controller-a", "controller")
+    parts["apis"] = [start("api-1", "api"), start("api-2", "api")]
+    balancer = Balancer([api.port for api in parts["apis"]], websockets_to_first)
+    parts["balancer"] = balancer
+    yield parts
+    balancer.stop()
+    for process in reversed(started):
+        process.stop()
+
+
+def _on(url: str):
+    from nnsight import CONFIG
+
+    previous = CONFIG.API.HOST
+    CONFIG.API.HOST = url
+    return previous
+
+
+def test_api_processes_share_the_work_with_results_equal_to_local(cluster, remote_model, local_model):
+    from nnsight import CONFIG
+
+    balancer = cluster["balancer"]
+    previous = _on(balancer.url)
+    try:
+        with remote_model.trace(PROMPT, remote=True):
+            remote = remote_model.lm_head.output.save()
+            print("through two API processes")
+    finally:
+        CONFIG.API.HOST = previous
+    with local_model.trace(PROMPT):
+        local = local_model.lm_head.output.save()
+    assert_identical(remote, local)
+    # The websocket went to one API process, the request (and the download) to the other.
+    assert balancer.sent[0], balancer.sent
+    assert any("POST /request" in line for line in balancer.sent[1]), balancer.sent
+
+    # Any API process answers for any job, and serves its result.
+    api_1, api_2 = cluster["apis"]
+    listed = httpx.get(f"{api_1.url}/admin/jobs", headers=HEADERS, timeout=10).json()["jobs"]
+    job_id = next(job["id"] for job in listed if job["status"] == "COMPLETED")
+    for api in (api_1, api_2):
+        answer = httpx.get(f"{api.url}/response/{job_id}", headers=HEADERS, timeout=10).json()
+        assert answer["status"] == "COMPLETED"
+        download = httpx.get(answer["data"], timeout=30)
+        assert download.status_code == 200 and len(download.content) > 0
+
+    # The controller's board reaches every API process: /status, and /metrics' state.
+    for api in (api_1, api_2):
+        status = httpx.get(f"{api.url}/status", timeout=10).json()
+        assert any(d["application_state"] == "RUNNING" for d in status["deployments"].values())
+        metrics = httpx.get(f"{api.url}/metrics", timeout=10).text
+        assert 'nnhost_deployment_level{level="HOT"' in metrics
+    # The controller serves no requests of its own.
+    refused = httpx.post(f"{cluster['controller'].url}/request", headers=HEADERS, timeout=10)
+    assert refused.status_code == 404
+
+
+def _submit(model, url, seconds: float, tag: str):
+    """A non-blocking job that prints ``tag`` and then sleeps; its backend, to poll."""
+    from nnsight import CONFIG
+
+    previous = _on(url)
+    try:
+        with model.trace(PROMPT, remote=True, blocking=False) as tracer:
+            print(tag)
+            time.sleep(seconds)
+            logits = model.lm_head.output.save()  # noqa: F841
+    finally:
+        CONFIG.API.HOST = previous
+    return tracer.backend
+
+
+def _poll(backend, url, until: float):
+    from nnsight import CONFIG
+
+    previous = _on(url)
+    try:
+        result = None
+        while result is None and time.monotonic() < until:
+            try:
+                result = backend()
+            except Exception as error:  # an ERROR status is raised by the client
+                return ("ERROR", str(error))
+            time.sleep(0.2)
+        return ("COMPLETED", result) if result is not None else (backend.status, None)
+    finally:
+        CONFIG.API.HOST = previous
+
+
+def test_a_standby_controller_takes_over_a_killed_one_and_runs_each_job_once(
+    cluster, remote_model, local_model
+):
+    api_1, api_2 = cluster["apis"]
+    standby = cluster["start"]("controller-b", "controller")
+    holder = httpx.get(f"{api_1.url}/status", timeout=10).json()
+    assert "controller" not in holder  # the acting controller reports
+
+    running = _submit(remote_model, api_1.url, 20.0, "the long one")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        answer = httpx.get(f"{api_2.url}/response/{running.job_id}", headers=HEADERS, timeout=10)
+        if answer.json()["status"] == "RUNNING":
+            break
+        time.sleep(0.1)
+    assert answer.json()["status"] == "RUNNING", answer.text
+    queued = [_submit(remote_model, (api_1, api_2)[i % 2].url, 0.0, f"queued {i}") for i in range(3)]
+
+    cluster["controller"].stop(signal.SIGKILL)
+    killed = time.monotonic()
+    finished = {}
+    until = time.monotonic() + 120
+    for backend in [running, *queued]:
+        finished[backend.job_id] = _poll(backend, api_2.url, until)
+    took_over = time.monotonic() - killed
+    print(f"standby took over and ran the queued jobs {took_over:.1f}s after the SIGKILL")
+
+    status, said = finished[running.job_id]
+    assert status == "ERROR" and "restarted while your request was running" in said
+    with local_model.trace(PROMPT):
+        local = local_model.lm_head.output.save()
+    for backend in queued:
+        status, result = finished[backend.job_id]
+        assert status == "COMPLETED", (status, result, standby.log_tail())
+        assert_identical(result["logits"], local)
+
+    # None ran twice: each job printed its line exactly once.
+    engine = create_engine(cluster["database"])
+    try:
+        with engine.connect() as db:
+            for backend in [running, *queued]:
+                lines = db.execute(text("SELECT line FROM job_logs WHERE job_id = :id"),
+                                   {"id": backend.job_id}).scalars().all()
+                assert len(lines) == 1, (backend.job_id, lines)
+    finally:
+        engine.dispose()
