@@ -14,6 +14,23 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 
+def _print_welcome(url: str, key_line: str, example: str, catalog, settings) -> None:
+    print(
+        "\nnnhost is starting. In the shell where you run nnsight, paste:\n\n"
+        f"    export NDIF_HOST={url}\n"
+        f"{key_line}"
+        f"    export HF_ENDPOINT={url}/hub\n\n"
+        "Then, in Python:\n\n"
+        "    from nnsight import LanguageModel\n"
+        f"    model = LanguageModel({example!r})\n"
+        "    with model.trace('The Eiffel Tower is in the city of', remote=True):\n"
+        "        logits = model.lm_head.output.save()\n"
+        "    print(model.tokenizer.decode(logits[0, -1].argmax()))\n\n"
+        f"Serving: {', '.join(spec.name for spec in catalog)}. Data: {settings.data_dir}\n",
+        flush=True,
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
     from .config import load_settings
 
@@ -117,20 +134,15 @@ def _serve(args: argparse.Namespace) -> int:
             f"nnhost keys create --data-dir {settings.data_dir}\n"
         )
     example = next(iter(catalog)).repo_id
-    print(
-        "\nnnhost is starting. In the shell where you run nnsight, paste:\n\n"
-        f"    export NDIF_HOST={url}\n"
-        f"{key_line}"
-        f"    export HF_ENDPOINT={url}/hub\n\n"
-        "Then, in Python:\n\n"
-        "    from nnsight import LanguageModel\n"
-        f"    model = LanguageModel({example!r})\n"
-        "    with model.trace('The Eiffel Tower is in the city of', remote=True):\n"
-        "        logits = model.lm_head.output.save()\n"
-        "    print(model.tokenizer.decode(logits[0, -1].argmax()))\n\n"
-        f"Serving: {', '.join(spec.name for spec in catalog)}. Data: {settings.data_dir}\n",
-        flush=True,
-    )
+    if settings.role == "controller":
+        print(
+            f"\nnnhost controller starting on {url} (/status, /metrics); it acts once it holds "
+            "the controller lease and stands by while another controller does. Clients "
+            f"talk to the --role api processes. Serving: {', '.join(s.name for s in catalog)}.\n",
+            flush=True,
+        )
+    else:
+        _print_welcome(url, key_line, example, catalog, settings)
     uvicorn.run(
         app,
         host=settings.host,

@@ -1,0 +1,158 @@
+"""The controller lease and the relay between API processes and a controller, in-process.
+
+Real databases (SQLite and PostgreSQL), fake replicas (tests/fakes.py): an API
+side (`JobFront` with a `DatabaseLink`) and a controller side (`JobService`
+with a `Relay`) that meet only through the database, as separate processes do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from sqlalchemy import insert, update
+
+from nnhost.db import connect
+from nnhost.db.tables import commands
+from nnhost.jobs.front import JobFront, Refused, Submission
+from nnhost.jobs.job import Status
+from nnhost.jobs.lease import Lease
+from nnhost.jobs.relay import DatabaseLink, Relay, read_board
+from nnhost.storage.blobs import BlobDir
+from nnhost.storage.payloads import DatabasePayloads
+from test_service_inprocess import ADA, World, spec
+
+import pytest
+
+
+def test_one_controller_holds_the_lease_and_a_standby_takes_it_when_it_lapses(database_url):
+    database = connect(database_url)
+    try:
+        first, second = Lease(database, ttl=0.5), Lease(database, ttl=0.5)
+        assert first.try_acquire() and not second.try_acquire()
+        assert first.renew() and first.current().holder == first.holder
+        time.sleep(0.6)  # the first stopped renewing: its lease lapsed
+        assert second.try_acquire()
+        assert not first.renew()  # it must stop acting now
+        assert not first.try_acquire()
+        second.release()
+        assert second.current() is None and first.try_acquire()
+    finally:
+        database.close()
+
+
+def test_two_standbys_racing_for_a_new_lease_get_one_holder(database_url):
+    database = connect(database_url)
+    try:
+        contenders = [Lease(database) for _ in range(6)]
+
+        async def race():
+            return await asyncio.gather(*(asyncio.to_thread(c.try_acquire) for c in contenders))
+
+        assert sum(asyncio.run(race())) == 1
+    finally:
+        database.close()
+
+
+class Split:
+    """An API process's front and a controller's relay over one database."""
+
+    def __init__(self, world: World, tmp_path) -> None:
+        database = world.connection
+        self.world = world
+        world.jobs.payloads = DatabasePayloads(database, BlobDir(tmp_path / "spool", ".payload"))
+        self.front = JobFront(world.store, world.bus, DatabasePayloads(
+            database, BlobDir(tmp_path / "api-spool", ".payload")), world.catalog,
+            link=DatabaseLink(database))
+        self.relay = Relay(world.jobs, database, lambda: {"models": [], "note": "from the controller"})
+
+    async def submit(self, name: str) -> str:
+        key = next(s for s in self.world.catalog if s.name == name).model_key()
+        job = await self.front.submit(ADA, Submission(key, "", False, {}), b"payload", "http://x")
+        return job.id
+
+
+def test_a_job_stored_by_an_api_process_is_found_queued_and_run_by_the_controller(tmp_path):
+    async def body():
+        world = await World(tmp_path, [spec("org/a")]).start()
+        split = Split(world, tmp_path)
+        job_id = await split.submit("org/a")
+        assert world.status(job_id) is Status.RECEIVED  # nothing acts until the relay looks
+        assert split.relay.intake() == 1 and split.relay.intake() == 0
+        replica = world.replica("org/a")
+        assert replica.ran == [job_id] and world.status(job_id) is Status.DISPATCHED
+        assert world.store.get(job_id).started_at is not None  # it may run from now on
+        assert (tmp_path / "spool" / f"{job_id}.payload").read_bytes() == b"payload"
+        replica.run()
+        replica.complete(b"r")
+        await world.settle()
+        assert world.status(job_id) is Status.COMPLETED
+        # The payload is gone from the database and the spool once the job ended.
+        assert not world.jobs.payloads.exists(job_id)
+        assert not (tmp_path / "spool" / f"{job_id}.payload").exists()
+
+    asyncio.run(body())
+
+
+def test_commands_go_through_the_database_and_refusals_keep_their_status(tmp_path):
+    async def body():
+        world = await World(tmp_path, [spec("org/a"), spec("org/b")]).start()
+        split = Split(world, tmp_path)
+
+        async def ask(kind, **args):
+            asked = asyncio.create_task(split.front.command(kind, **args))
+            await asyncio.sleep(0.05)
+            split.relay.carry_out_commands()
+            return await asked
+
+        assert (await ask("evict", model="org/b"))["target"] == "COLD"
+        with pytest.raises(Refused) as refused:
+            await ask("deploy", model="org/nope")
+        assert refused.value.code == 404 and "org/nope" in refused.value.detail
+        with pytest.raises(Refused) as refused:
+            await ask("reboot")
+        assert refused.value.code == 400
+
+        job_id = await split.submit("org/a")
+        split.relay.intake()
+        assert await split.front.cancel(world.store.get(job_id))
+        split.relay.carry_out_commands()
+        await world.settle()
+        assert world.replica("org/a").cancelled == [job_id]  # it was running: its replica stops it
+
+    asyncio.run(body())
+
+
+def test_what_the_database_holds_is_checked_before_the_controller_acts_on_it(tmp_path):
+    async def body():
+        world = await World(tmp_path, [spec("org/a")]).start()
+        split = Split(world, tmp_path)
+        database = world.connection
+        with database.write() as db:
+            for args in ("[1, 2]", "{not json", json.dumps({"model": "org/a", "bogus": 1})):
+                db.execute(insert(commands).values(kind="evict", args=args, created_at=time.time()))
+        assert split.relay.carry_out_commands() == 3
+        with database.read() as db:
+            answers = [json.loads(row.result) for row in db.execute(commands.select())]
+        assert all(answer["refused"][0] == 400 for answer in answers)
+        assert world.deployments.get("org/a").target == "HOT"  # none of them acted
+
+    asyncio.run(body())
+
+
+def test_api_processes_see_the_published_board_and_when_it_goes_stale(tmp_path):
+    async def body():
+        world = await World(tmp_path, [spec("org/a")]).start()
+        split = Split(world, tmp_path)
+        assert read_board(world.connection)["stale"]  # nothing published yet
+        split.relay.publish({"models": [{"name": "org/a"}], "deployments": {}, "devices": {}})
+        board = read_board(world.connection)
+        assert not board["stale"] and board["models"] == [{"name": "org/a"}]
+        with world.connection.write() as db:
+            from nnhost.db.tables import shared_values
+
+            db.execute(update(shared_values).values(updated_at=time.time() - 60))
+        assert read_board(world.connection)["stale"]
+
+    asyncio.run(body())
