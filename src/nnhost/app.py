@@ -232,7 +232,8 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
             on_change=on_change,
             has_work=has_work,
             worker_environ=worker_environ(settings, catalog),
-            budgets=memory_budgets(settings, catalog),
+            # On a cluster, room is per node, from what Ray reports (deployments.nodes).
+            budgets=memory_budgets(settings, catalog) if not settings.cluster else {},
             replica_factory=replica_factory(settings),
             torch_threads=settings.torch_threads,
             kill_grace=settings.kill_grace,

@@ -60,7 +60,12 @@ async def status(request: Request) -> dict:
         device: {"budget_bytes": budget, "used_bytes": server.deployments.used(device)}
         for device, budget in server.deployments.budgets.items()
     }
-    return {"deployments": deployments, "devices": devices}
+    room = server.deployments.nodes
+    if room is None:
+        return {"deployments": deployments, "devices": devices}
+    # On a cluster memory is budgeted per node: each node, and the sum as ``devices``.
+    return {"deployments": deployments, "devices": room.devices(server.deployments),
+            "nodes": room.status(server.deployments)}
 
 
 @router.get("/env")
