@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol, runtime_checkable
 
 from ..execution.events import JobEvent, JobSpec
 from ..execution.worker import WorkerOptions
@@ -114,6 +114,7 @@ class NodeCapacity:
     gpus: float
 
 
+@runtime_checkable
 class PlacesOnNodes(Protocol):
     """A `ReplicaFactory` whose replicas land on the nodes of a cluster, one node each.
 

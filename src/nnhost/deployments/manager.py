@@ -35,7 +35,7 @@ from ..execution.worker import WorkerOptions
 from .catalog import Catalog, ModelKey, ModelSpec
 from .incidents import Tally
 from .scaling import Scaling
-from .contract import Level, Replica, ReplicaFactory, ReplicaStatus
+from .contract import Level, PlacesOnNodes, Replica, ReplicaFactory, ReplicaStatus
 from .nodes import NodeRoom
 from .sizing import threads_per_job
 
@@ -158,7 +158,7 @@ class DeploymentManager(Scaling):
         self._torch_threads = threads_per_job(torch_threads, sum(spec.most_replicas for spec in catalog))
         self._kill_grace = kill_grace
         #: Room per node when replicas land on a cluster's nodes; else this machine's budgets.
-        self.nodes = NodeRoom(replica_factory) if hasattr(replica_factory, "node_of") else None
+        self.nodes = NodeRoom(replica_factory) if isinstance(replica_factory, PlacesOnNodes) else None
         self.budgets = {} if self.nodes else dict(budgets)
         self.deployments: dict[str, Deployment] = {spec.name: Deployment(spec) for spec in catalog}
         #: When each replica last became free (for scaling down).
@@ -235,21 +235,19 @@ class DeploymentManager(Scaling):
         budget = self.budget(device)
         return budget is None or self.used(device, excluding) + size <= budget
 
-    def idle_deployments(self, wanted: Deployment) -> list[Deployment]:
-        """Deployments that may be demoted to make room for ``wanted``, least recently used first."""
+    def _victims(self, device: Optional[str], wanted: Deployment) -> list[Deployment]:
+        """Deployments that may be demoted to make room on ``device`` (None: on any node the
+        cluster places on), least recently used first."""
         candidates = [
             d
             for d in self.deployments.values()
             if d is not wanted
-            and d.target != COLD
+            and (device in d.shares() if device else d.target != COLD)
             and not d.busy
             and not d.loading
             and not self._has_work(d.name)
         ]
         return sorted(candidates, key=lambda d: d.last_used)
-
-    def _victims(self, device: str, wanted: Deployment) -> list[Deployment]:
-        return [d for d in self.idle_deployments(wanted) if device in d.shares()]
 
     def make_room(self, wanted: Deployment, level: Level) -> Optional[str]:
         """Demote idle deployments until ``wanted`` fits at ``level`` on every device it

@@ -101,7 +101,9 @@ class NodeRoom:
         need = self.need(wanted)
         if not nodes or any(_Free(node).takes(need) for node in nodes):
             return  # none yet (the cluster may still be starting) or one would do
-        largest = max(nodes, key=lambda node: (node.memory, node.gpus, node.cpus))
+        # The nearest miss: a node with the CPUs and GPUs if there is one, then by memory.
+        largest = max(nodes, key=lambda node: (node.cpus >= need.cpus and node.gpus >= need.gpus,
+                                               node.memory, node.gpus, node.cpus))
         wants = [f"{format_size(need.memory)} of memory"] if need.memory else []
         wants += [f"{need.gpus:g} GPUs"] if need.gpus else []
         wants += ["a CPU" if need.cpus == 1 else f"{need.cpus:g} CPUs"]
@@ -133,7 +135,7 @@ class NodeRoom:
     def _cheapest(self, manager: "DeploymentManager", wanted: "Deployment") -> list["Deployment"]:
         """The fewest idle deployments, least recently used first, on one node, whose demotion
         lets ``wanted`` fit; empty when no such set exists."""
-        idle = manager.idle_deployments(wanted)
+        idle = manager._victims(None, wanted)
         best: list = []
         for node_id in (node.node_id for node in self.factory.nodes()):
             here = [d for d in idle if any(self.factory.node_of(r) == node_id for r in d.replicas)]
