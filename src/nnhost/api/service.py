@@ -17,6 +17,7 @@ from fastapi.responses import PlainTextResponse, Response
 from ..telemetry.metrics import CONTENT_TYPE_LATEST
 
 from ..auth.access import Throttled
+from ..deployments.nodes import memory_report
 from .deps import API_KEY_HEADER, client_address, server_of, too_many
 
 router = APIRouter()
@@ -56,16 +57,8 @@ async def status(request: Request) -> dict:
     deployments = server.deployments.status()
     for entry in deployments.values():
         entry["queued"] = server.scheduler.waiting(entry["deployment"])
-    devices = {
-        device: {"budget_bytes": budget, "used_bytes": server.deployments.used(device)}
-        for device, budget in server.deployments.budgets.items()
-    }
-    room = server.deployments.nodes
-    if room is None:
-        return {"deployments": deployments, "devices": devices}
-    # On a cluster memory is budgeted per node: each node, and the sum as ``devices``.
-    return {"deployments": deployments, "devices": room.devices(server.deployments),
-            "nodes": room.status(server.deployments)}
+    # On a cluster memory is budgeted per node: ``nodes`` too, and their sum as ``devices``.
+    return {"deployments": deployments, **memory_report(server.deployments)}
 
 
 @router.get("/env")

@@ -192,3 +192,13 @@ def _place(free: dict[str, _Free], needs: list[Need]) -> list[Need]:
             continue
         max(nodes, key=lambda node: (node.memory, node.gpus, node.cpus)).take(need)
     return left
+
+
+def memory_report(manager: "DeploymentManager") -> dict:
+    """``/status``'s memory keys: ``devices`` (this machine's budgets; on a cluster, the nodes'
+    sum) and, on a cluster only, ``nodes``, each node's own."""
+    room = manager.nodes
+    if room is None:
+        return {"devices": {device: {"budget_bytes": budget, "used_bytes": manager.used(device)}
+                            for device, budget in manager.budgets.items()}}
+    return {"devices": room.devices(manager), "nodes": room.status(manager)}
