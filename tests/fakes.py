@@ -84,8 +84,6 @@ class FakeReplica:
 
     def run(self) -> None:
         self._event("RUNNING", "Running your request.")
-        if self.current.started_path:
-            Path(self.current.started_path).touch()
 
     def log(self, line: str) -> None:
         self._event("LOG", line)

@@ -11,9 +11,9 @@ lines go with its result at retention.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
+from dataclasses import asdict
 
 import pytest
 from sqlalchemy import text
@@ -24,6 +24,7 @@ from nnhost.jobs.bus import LocalEventBus
 from nnhost.jobs.job import Job, Status
 from nnhost.jobs.scheduler import Scheduler
 from nnhost.jobs.service import JobService
+from nnhost.jobs.update import JobUpdate
 from nnhost.jobs.store import JobStore, connect
 from nnhost.jobs.upkeep import STUCK_MARGIN
 from nnhost.storage.blobs import BlobDir
@@ -72,8 +73,7 @@ def frames(service, session_id):
     queue = asyncio.run(service.bus.owner(session_id)).queue
     out = []
     while not queue.empty():
-        frame = queue.get_nowait()
-        out.append(json.loads(frame) if isinstance(frame, str) else frame)
+        out.append(asdict(JobUpdate.decode(queue.get_nowait())))
     return out
 
 

@@ -246,7 +246,7 @@ def test_contained_workers_cannot_see_a_results_directory_outside_the_data_dir(t
 
 
 def test_the_service_announces_a_job_only_once_s3_holds_its_result(s3, tmp_path):
-    from test_service_inprocess import ADA, World, spec
+    from test_service_inprocess import ADA, World, spec, updates
 
     async def body():
         results = S3Store(f"s3://{BUCKET}/service", endpoint=s3.url, spool=tmp_path / "spool")
@@ -261,11 +261,9 @@ def test_the_service_announces_a_job_only_once_s3_holds_its_result(s3, tmp_path)
         assert job.status is Status.COMPLETED and job.result_size == 100
         assert results.read(job_id) == b"r" * 100
         assert list((tmp_path / "spool").iterdir()) == []  # the spool copy is gone
-        frames = []
-        while not session.queue.empty():
-            frames.append(session.queue.get_nowait())
-        assert frames[-1] and isinstance(frames[-1], bytes)  # inline, read back from S3
-        assert b"r" * 100 in frames[-1]
+        frames = updates(session)
+        assert frames[-1].status == "COMPLETED"
+        assert frames[-1].inline == b"r" * 100  # inline, read back from S3
 
     asyncio.run(body())
 

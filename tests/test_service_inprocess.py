@@ -23,10 +23,14 @@ from nnhost.deployments.contract import Level, ReplicaStatus
 from nnhost.deployments.incidents import Incident
 from nnhost.deployments.manager import DeploymentManager
 from nnhost.execution.events import JobEvent
+from nnhost.jobs.board import board
 from nnhost.jobs.bus import LocalEventBus
 from nnhost.jobs.job import Status
 from nnhost.jobs.scheduler import Scheduler
-from nnhost.jobs.service import JobService, Submission
+from nnhost.jobs.front import JobFront, Submission
+from nnhost.jobs.relay import InProcessLink
+from nnhost.jobs.service import JobService
+from nnhost.jobs.update import JobUpdate
 from nnhost.jobs.store import JobStore, connect
 from nnhost.storage.blobs import BlobDir
 from nnhost.storage.links import LinkSigner
@@ -59,10 +63,14 @@ class World:
             worker_environ={}, budgets=budgets or {"cpu": 1 << 40}, replica_factory=self.fleet,
             scale_down_after=self.settings.scale_down_after,
         )
-        self.metrics = Metrics(self.deployments, self.scheduler.waiting, lambda: len(self.bus))
+        self.metrics = Metrics(lambda: self.front.board(), lambda: len(self.bus), self.deployments.deployments)
         self.jobs = JobService(
             self.settings, self.store, self.bus, self.scheduler, self.deployments, self.payloads,
             self.results, observers=[self.metrics.jobs],
+        )
+        self.front = JobFront(
+            self.store, self.bus, self.payloads, self.catalog,
+            link=InProcessLink(self.jobs, lambda: board(self.jobs)), observers=[self.metrics.jobs],
         )
 
     async def settle(self) -> None:
@@ -78,7 +86,7 @@ class World:
 
     async def submit(self, principal, name: str, session: str = "") -> str:
         key = next(spec for spec in self.catalog if spec.name == name).model_key()
-        job = await self.jobs.submit(principal, Submission(key, session, False, {}), b"payload", "http://x")
+        job = await self.front.submit(principal, Submission(key, session, False, {}), b"payload", "http://x")
         await self.settle()
         return job.id
 
@@ -87,6 +95,14 @@ class World:
 
     def replica(self, name: str):
         return self.fleet.latest(name)
+
+
+def updates(session) -> list[JobUpdate]:
+    """What the job service published to a session, so far."""
+    out = []
+    while not session.queue.empty():
+        out.append(JobUpdate.decode(session.queue.get_nowait()))
+    return out
 
 
 def spec(name: str, size: int = 10 * MiB, **extra) -> ModelSpec:
@@ -112,12 +128,10 @@ def test_a_job_goes_through_every_status_to_its_session(tmp_path):
         job = world.store.get(job_id)
         assert job.status is Status.COMPLETED and job.result_size == 100
         assert world.store.logs(job_id) == ["hello from the job"]
-        frames = []
-        while not session.queue.empty():
-            frames.append(session.queue.get_nowait())
-        told = [json.loads(f)["status"] for f in frames if isinstance(f, str)]
-        assert told == ["QUEUED", "DISPATCHED", "RUNNING", "LOG"]
-        assert isinstance(frames[-1], bytes)  # the small result rides inline, as a pickled frame
+        frames = updates(session)
+        told = [update.status for update in frames]
+        assert told == ["QUEUED", "DISPATCHED", "RUNNING", "LOG", "COMPLETED"]
+        assert frames[-1].inline == b"x" * 100  # the small result rides inline
         counted = world.metrics.jobs.finished.labels("org/a", "COMPLETED")._value.get()
         assert counted == 1
 
@@ -258,7 +272,7 @@ def test_after_a_restart_what_may_have_run_fails_and_the_rest_runs(tmp_path):
         world = await World(tmp_path, [spec("org/a")]).start()
         replica = world.replica("org/a")
         started = await world.submit(ADA, "org/a")
-        replica.run()  # writes the started marker
+        replica.run()
         waiting = await world.submit(BOB, "org/a")
         assert world.status(waiting) is Status.QUEUED
         world.connection.close()

@@ -1,9 +1,17 @@
 """The composition root: build every part of the server and wire them together.
 
-Nothing else constructs the store, the bus, the scheduler, the deployment
-manager or the job service; they receive each other here. The FastAPI app's
-lifespan starts the replicas, recovers jobs left by a previous run, sweeps
-expired results, and stops everything on shutdown.
+Nothing else constructs the store, the bus, the job front, the controller or
+the result store; they receive each other here. What this process builds
+depends on its role (``role`` in the settings):
+
+- ``all`` (the default): one process serves the API and is the controller
+  (`controller.Controller`), which the front reaches directly.
+- ``api``: the routes, websockets and results only; the front reaches the
+  controller through the database (`jobs.relay.DatabaseLink`) and never runs
+  a model. Any number of these may share one database, bus and result store.
+- ``controller``: the queue, the deployments and the replicas, once it holds
+  the controller lease (`controller.run_controller`); it serves only
+  /ping, /status, /env, /whoami and /metrics on its own port.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from fastapi import FastAPI
 
@@ -22,18 +30,19 @@ from .auth.access import Access, settings_problem
 from .auth.accounts import Accounts
 from .auth.keys import LOCAL_ADMIN_EMAIL, KeyStore
 from .config import Settings
+from .db import connect
 from .deployments.catalog import Catalog, ModelSpec
-from .deployments.manager import DeploymentManager
 from .deployments.replica import LocalReplica
 from .deployments.sizing import device_shares, tensor_bytes
 from .jobs.bus import EventBus, LocalEventBus
-from .jobs.scheduler import Scheduler
-from .jobs.service import JobService
-from .db import connect
+from .jobs.front import JobFront
+from .jobs.lease import Lease
+from .jobs.relay import DatabaseLink, InProcessLink
 from .jobs.store import JobStore
 from .models.hfcache import find_snapshot
 from .storage.blobs import BlobDir
 from .storage.links import LinkSigner
+from .storage.payloads import DatabasePayloads
 from .storage.results import ResultStore, open_result_store
 from .telemetry.metrics import Metrics
 from .units import parse_size
@@ -41,8 +50,6 @@ from .units import parse_size
 log = logging.getLogger("nnhost")
 
 ADMIN_EMAIL = LOCAL_ADMIN_EMAIL
-#: How often jobs past their time limit are looked for.
-STUCK_SWEEP_SECONDS = 5.0
 
 
 @dataclass
@@ -53,14 +60,14 @@ class Server:
     catalog: Catalog
     keys: KeyStore
     bus: EventBus
-    scheduler: Scheduler
     results: ResultStore
     signer: LinkSigner
-    jobs: JobService
-    deployments: DeploymentManager
+    jobs: JobFront
     access: Optional[Access] = None
     accounts: Optional[Accounts] = None
     metrics: Optional[Metrics] = None
+    #: The controller, when this process is (or stands by to be) one.
+    controller: Optional[Any] = None
 
 
 def parse_model(text: str) -> ModelSpec:
@@ -175,9 +182,26 @@ def make_bus(settings: Settings) -> EventBus:
     return RedisEventBus(settings.events)
 
 
+def link_signer(settings: Settings) -> LinkSigner:
+    """The result-link secret: this data directory's for one process; the shared
+    database's when API processes (which check the links) are several."""
+    if settings.role == "all":
+        return LinkSigner.from_file(settings.data_dir / "secrets" / "link-signing.key")
+    import secrets
+
+    from .db.shared import get_or_create
+
+    database = connect(settings.database_url)
+    try:
+        key = get_or_create(database, "link-signing-key", lambda: secrets.token_hex(32))
+    finally:
+        database.close()
+    return LinkSigner(bytes.fromhex(key))
+
+
 def build_result_store(settings: Settings) -> tuple[ResultStore, LinkSigner]:
     """The result store the settings name, checked (raises `ResultStoreError` saying what to fix)."""
-    signer = LinkSigner.from_file(settings.data_dir / "secrets" / "link-signing.key")
+    signer = link_signer(settings)
     results = open_result_store(
         str(settings.results_dir or settings.results),
         settings.results_endpoint,
@@ -192,16 +216,17 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
     from .api import accounts as account_pages
     from .api import admin, admin_page, hub, protocol, service, status_page
     from .api.middleware import RequestIds
+    from .controller import build_controller, run_controller
 
     problem = settings_problem(settings)
     if problem:
         raise ValueError(problem)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     results, signer = build_result_store(settings)
+    role = settings.role
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        loop = asyncio.get_running_loop()
         database = connect(settings.database_url)
         keys = KeyStore(database)
         ensure_admin(keys, settings.api_key)
@@ -212,76 +237,45 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
         accounts = Accounts(settings, database, keys, access)
         bus = make_bus(settings)
         await bus.start()
-        scheduler = Scheduler()
-        payloads = BlobDir(settings.data_dir / "payloads", ".payload")
-        jobs: Optional[JobService] = None
+        spool = BlobDir(settings.data_dir / "payloads", ".payload")
+        payloads = spool if role == "all" else DatabasePayloads(database, spool)
+        front = JobFront(store, bus, payloads, catalog, link=DatabaseLink(database))
+        metrics = Metrics(front.board, lambda: len(bus), [spec.name for spec in catalog])
+        front.observers.add(metrics.jobs)
+        server = Server(settings, catalog, keys, bus, results, signer, front,
+                        access=access, accounts=accounts, metrics=metrics)
+        app.state.server = server
 
-        def on_job_event(name, event):
-            jobs.on_job_event(name, event)
+        def build():
+            return build_controller(settings, catalog, store, bus, payloads, results,
+                                    observers=[metrics.jobs], recent=metrics.jobs.recent)
 
-        def on_change(name):
-            jobs.on_change(name)
+        def acting(controller) -> None:
+            server.controller = controller
+            front.link = InProcessLink(controller.service, controller.board)
 
-        def has_work(name):
-            return jobs.has_work(name)
-
-        deployments = DeploymentManager(
-            catalog,
-            loop=loop,
-            on_job_event=on_job_event,
-            on_change=on_change,
-            has_work=has_work,
-            worker_environ=worker_environ(settings, catalog),
-            # On a cluster, room is per node, from what Ray reports (deployments.nodes).
-            budgets=memory_budgets(settings, catalog) if not settings.cluster else {},
-            replica_factory=replica_factory(settings),
-            torch_threads=settings.torch_threads,
-            kill_grace=settings.kill_grace,
-            scale_down_after=settings.scale_down_after,
-        )
-        metrics = Metrics(deployments, scheduler.waiting, lambda: len(bus))
-        jobs = JobService(
-            settings, store, bus, scheduler, deployments, payloads, results,
-            observers=[metrics.jobs],
-        )
-        jobs.recover()
-        app.state.server = Server(
-            settings, catalog, keys, bus, scheduler, results, signer, jobs, deployments,
-            access=access, accounts=accounts, metrics=metrics,
-        )
-        deployments.start()
-
-        async def sweep() -> None:
-            every = min(60.0, max(1.0, settings.result_retention / 4))
-            last = 0.0
-            while True:
-                try:
-                    # No job stays DISPATCHED or RUNNING past its limit, whatever its worker says.
-                    for name in deployments.shrink():
-                        log.info("stopped idle extra replica %s", name)
-                    stuck = jobs.sweep_stuck()
-                    if stuck:
-                        log.warning("failed %d jobs that ran past their time limit", stuck)
-                    if loop.time() - last >= every:
-                        last = loop.time()
-                        removed = await jobs.sweep_results()
-                        if removed:
-                            log.info("deleted %d expired results", removed)
-                except Exception:
-                    log.exception("job sweep failed")
-                await asyncio.sleep(STUCK_SWEEP_SECONDS)
-
-        sweeper = asyncio.create_task(sweep())
+        tasks = []
+        lease = None
+        if role == "all":
+            acting(build())
+            server.controller.start()
+        elif role == "controller":
+            # Until it acts, a standby's /status shows the acting controller's board.
+            lease = Lease(database)
+            tasks.append(asyncio.create_task(run_controller(lease, database, build, acting)))
         # Result frames are torch.save'd; import torch now, off the loop, rather
         # than making the first user's COMPLETED wait for it.
-        warmup = asyncio.create_task(asyncio.to_thread(__import__, "torch"))
+        if role != "controller":
+            tasks.append(asyncio.create_task(asyncio.to_thread(__import__, "torch")))
         try:
             yield
         finally:
-            sweeper.cancel()
-            warmup.cancel()
-            await jobs.drain(settings.shutdown_grace)
-            await asyncio.to_thread(deployments.stop)
+            for task in tasks:
+                task.cancel()
+            if server.controller is not None:
+                await server.controller.stop(settings.shutdown_grace)
+            if lease is not None:
+                await asyncio.to_thread(lease.release)
             await bus.stop()
             database.close()
 
@@ -293,8 +287,10 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
             server.metrics.http.labels(method, route, code).inc()
 
     app.add_middleware(RequestIds, count=count_response)
-    app.include_router(protocol.router)
     app.include_router(service.router)
+    if role == "controller":
+        return app  # no requests, pages or results: those are the API processes'
+    app.include_router(protocol.router)
     app.include_router(admin.router)
     app.include_router(status_page.router)
     app.include_router(admin_page.router)

@@ -37,6 +37,7 @@ def _serve(args: argparse.Namespace) -> int:
             "forwarded_allow_ips": args.forwarded_allow_ips,
             "log_format": args.log_format,
             "events": args.events,
+            "role": args.role,
             "cluster": args.cluster,
             "results": args.results,
             "results_endpoint": args.results_endpoint,
@@ -48,6 +49,14 @@ def _serve(args: argparse.Namespace) -> int:
     problem = settings_problem(settings)
     if problem:
         print(f"nnhost serve: {problem}", file=sys.stderr)
+        return 2
+    if settings.role != "all" and not settings.events:
+        print(
+            f"nnhost serve: --role {settings.role} needs --events redis://HOST:PORT (the same "
+            "for every process): a job's updates travel from the controller to the API "
+            "process that holds its websocket.",
+            file=sys.stderr,
+        )
         return 2
     if settings.events:
         problem = _unreachable(settings.events)
@@ -220,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run replicas on a Ray cluster: auto, or its address (HOST:PORT)")
     serve.add_argument("--events", default=None, metavar="URL",
                        help="carry job updates over Redis (redis://HOST:PORT) for several API processes")
+    serve.add_argument(
+        "--role", default=None, choices=["all", "api", "controller"],
+        help="all (default): one process; api: requests and websockets only; controller: "
+             "the queue and the replicas (one acts, others stand by); api and controller "
+             "processes share --database, --events and --results",
+    )
     serve.add_argument("--log-format", default=None, choices=["text", "json"],
                        help="server log lines: text (default) or one JSON object per line")
     serve.set_defaults(run=_serve)

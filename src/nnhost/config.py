@@ -144,6 +144,10 @@ class Settings(BaseSettings):
     cluster: Optional[str] = None
     #: Where job updates travel between processes: none (in this process) or a Redis URL.
     events: Optional[str] = None
+    #: What this process does: "all" (everything, one process), "api" (requests,
+    #: websockets and results; never runs models) or "controller" (the queue, the
+    #: deployments and the replicas; one acts at a time, others stand by).
+    role: Literal["all", "api", "controller"] = "all"
     #: Server log lines: "text", or "json" (one object per line, with job and request ids).
     log_format: Literal["text", "json"] = "text"
     #: Seconds a web login lasts.

@@ -21,6 +21,7 @@ from ..auth.accounts import AccountError
 from ..auth.limits import describe, retry_after
 from ..jobs.job import Job, Status
 from ..web import STATIC
+from . import replies
 from .deps import client_address, server_of
 from .pages import (
     SESSION_COOKIE,
@@ -255,7 +256,7 @@ def _row(request: Request, job: Job) -> JobRow:
         and job.result_expires_at is not None
         and job.result_expires_at > time.time()
     ):
-        url = server.jobs.result_url(job, str(request.base_url))
+        url = replies.result_url(server, job.id, job.result_expires_at, str(request.base_url))
     return JobRow(job, runtime if isinstance(runtime, (int, float)) else None, url)
 
 
@@ -264,7 +265,7 @@ async def jobs_page(request: Request) -> Response:
     viewer = viewer_of(request)
     if viewer is None:
         return to_login(request)
-    jobs = server_of(request).jobs.store.for_user(viewer.principal.user_id, limit=100)
+    jobs = server_of(request).jobs.for_user(viewer.principal.user_id, limit=100)
     rows = [_row(request, job) for job in jobs]
     # Refresh by itself while something is still waiting or running.
     refresh = any(row.active for row in rows)
@@ -277,9 +278,9 @@ async def job_page(job_id: str, request: Request) -> Response:
     if viewer is None:
         return to_login(request)
     server = server_of(request)
-    job = server.jobs.store.get(job_id)
+    job = server.jobs.get(job_id)
     if job is None or job.user_id != viewer.principal.user_id:
         return message(request, viewer, 404, "Not found", f"You have no job {job_id}.")
     row = _row(request, job)
-    logs = server.jobs.store.logs(job.id)
+    logs = server.jobs.logs(job.id)
     return render(request, "job.html", viewer=viewer, row=row, logs=logs, refresh=row.active)

@@ -13,7 +13,7 @@ from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel
 
 from ..auth.keys import Principal
-from ..deployments.manager import COLD, HOT, WARM, CannotFit
+from ..jobs.front import Refused
 from .deps import require_principal, server_of
 
 router = APIRouter()
@@ -35,59 +35,33 @@ class EvictBody(BaseModel):
     model: str
 
 
-def _deployment(server, name: str):
-    if name not in server.deployments.deployments:
-        served = ", ".join(server.deployments.deployments) or "none"
-        raise HTTPException(404, f"No model {name!r} in this server's catalog. Catalog: {served}.")
-    return server.deployments.get(name)
-
-
 @router.post("/admin/deploy")
 async def deploy(body: DeployBody, request: Request) -> dict:
     require_admin(request)
-    return deploy_model(server_of(request), body.model, body.level)
+    return await deploy_model(server_of(request), body.model, body.level)
 
 
-def deploy_model(server, name: str, level: str) -> dict:
+async def deploy_model(server, name: str, level: str) -> dict:
     """Bring ``name`` to ``level`` (hot or warm); HTTPException when it cannot be."""
-    deployment = _deployment(server, name)
-    level = level.upper()
-    if level not in (HOT, WARM):
-        raise HTTPException(422, "level must be 'hot' or 'warm'.")
-    if level == WARM and deployment.target == HOT:
-        # Asked for less than it has: demote, freeing its device, if it is idle.
-        if deployment.busy or server.jobs.has_work(deployment.name):
-            raise HTTPException(
-                409, f"{deployment.name} has queued or running jobs; it stays HOT for now."
-            )
-        server.deployments.set_level(deployment.name, WARM, note="Made WARM by the operator.")
-        return {"model": deployment.name, "target": WARM, "note": deployment.note}
-    try:
-        note = server.deployments.request(deployment.name, level)
-    except CannotFit as error:
-        raise HTTPException(409, str(error)) from None
-    if deployment.target != level and not (level == WARM and deployment.target == HOT):
-        raise HTTPException(409, f"{deployment.name} cannot be made {level} now: {note}.")
-    return {"model": deployment.name, "target": deployment.target, "note": deployment.note}
+    return await _ask(server, "deploy", model=name, level=level)
 
 
 @router.post("/admin/evict")
 async def evict(body: EvictBody, request: Request) -> dict:
     require_admin(request)
-    return evict_model(server_of(request), body.model)
+    return await evict_model(server_of(request), body.model)
 
 
-def evict_model(server, name: str) -> dict:
+async def evict_model(server, name: str) -> dict:
     """Make ``name`` COLD; HTTPException when it has work."""
-    deployment = _deployment(server, name)
-    if deployment.busy or server.jobs.has_work(deployment.name):
-        raise HTTPException(
-            409,
-            f"{deployment.name} has queued or running jobs and is not evicted; "
-            "try again when its queue is empty.",
-        )
-    server.deployments.set_level(deployment.name, COLD, note="Evicted by the operator.")
-    return {"model": deployment.name, "target": COLD}
+    return await _ask(server, "evict", model=name)
+
+
+async def _ask(server, kind: str, **args) -> dict:
+    try:
+        return await server.jobs.command(kind, **args)
+    except Refused as refusal:
+        raise HTTPException(refusal.code, refusal.detail) from None
 
 
 @router.get("/admin/jobs")
@@ -102,7 +76,7 @@ async def list_jobs(
         if owner is None:
             raise HTTPException(404, f"No user {user!r}.")
         user_id = owner.user_id
-    jobs = server.jobs.store.search(user_id=user_id, deployment=model, limit=min(limit, 10_000))
+    jobs = server.jobs.search(user_id=user_id, deployment=model, limit=min(limit, 10_000))
     return {
         "jobs": [
             {
@@ -124,9 +98,9 @@ async def list_jobs(
 async def cancel(job_id: str, request: Request) -> dict:
     principal = require_principal(request)
     server = server_of(request)
-    job = server.jobs.store.get(job_id)
+    job = server.jobs.get(job_id)
     if job is None or (job.user_id != principal.user_id and "admin" not in principal.tags):
         raise HTTPException(404, f"No job {job_id} for this API key.")
-    if not server.jobs.cancel(job):
+    if not await server.jobs.cancel(job):
         raise HTTPException(409, f"Job {job_id} has already ended ({job.status.value}).")
     return {"id": job_id, "cancelled": True}

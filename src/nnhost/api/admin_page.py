@@ -83,8 +83,8 @@ async def admin_page(request: Request, did: str = "", target: str = "") -> Respo
     if refusal is not None:
         return refusal
     server = server_of(request)
-    live = sorted(server.jobs.store.with_status(OPEN), key=lambda job: job.created_at)
-    errors = server.jobs.store.search(status=Status.ERROR, limit=RECENT_ERRORS)
+    live = sorted(server.jobs.with_status(OPEN), key=lambda job: job.created_at)
+    errors = server.jobs.search(status=Status.ERROR, limit=RECENT_ERRORS)
     notice = DONE[did].format(target=target) if did in DONE and target else ""
     return render(
         request, "admin.html", viewer=viewer, active="admin", data=overview(server),
@@ -98,10 +98,10 @@ async def cancel_from_page(job_id: str, request: Request) -> Response:
     if refusal is not None:
         return refusal
     server = server_of(request)
-    job = server.jobs.store.get(job_id)
+    job = server.jobs.get(job_id)
     if job is None:
         return message(request, viewer, 404, "Not found", f"There is no job {job_id}.")
-    if not server.jobs.cancel(job):
+    if not await server.jobs.cancel(job):
         return message(request, viewer, 409, "Already ended",
                        f"Job {job_id} had already ended ({job.status.value}).")
     return redirect("/admin?" + urlencode({"did": "cancel", "target": job_id}))
@@ -115,9 +115,9 @@ async def model_from_page(name: str, action: str, request: Request) -> Response:
     server = server_of(request)
     try:
         if action in ("hot", "warm"):
-            deploy_model(server, name, action)
+            await deploy_model(server, name, action)
         elif action == "evict":
-            evict_model(server, name)
+            await evict_model(server, name)
         else:
             return message(request, viewer, 404, "Not found", f"No action {action!r}.")
     except HTTPException as error:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 from fastapi import APIRouter, HTTPException, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -15,9 +16,11 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from ..deployments.catalog import InvalidModelKey
-from ..jobs.service import SessionNotOwned, Submission, UnknownModel
+from ..jobs.front import SessionNotOwned, Submission, UnknownModel
+from ..jobs.update import JobUpdate
 from ..storage.results import ResultMissing
 from ..wire import RequestEnvelope
+from . import replies
 from .deps import (
     API_KEY_HEADER,
     admit,
@@ -29,6 +32,7 @@ from .deps import (
 )
 
 router = APIRouter()
+log = logging.getLogger("nnhost.api")
 #: Bytes read from the result store per step of a /result download.
 RESULT_CHUNK = 1 << 20
 
@@ -114,7 +118,7 @@ async def submit_request(request: Request):
         raise HTTPException(404, str(error)) from None
     except SessionNotOwned as error:
         raise HTTPException(403, str(error)) from None
-    response = server.jobs.response(job, _base_url(request))
+    response = replies.job_response(server, job, _base_url(request))
     return JSONResponse(json.loads(response.model_dump_json()))
 
 
@@ -122,10 +126,10 @@ async def submit_request(request: Request):
 async def job_response(job_id: str, request: Request):
     server = server_of(request)
     principal = require_principal(request)
-    job = server.jobs.store.get(job_id)
+    job = server.jobs.get(job_id)
     if job is None or job.user_id != principal.user_id:
         raise HTTPException(404, f"No job {job_id} for this API key.")
-    response = server.jobs.response(job, _base_url(request))
+    response = replies.job_response(server, job, _base_url(request))
     return JSONResponse(json.loads(response.model_dump_json()))
 
 
@@ -164,6 +168,15 @@ async def job_result(job_id: str, request: Request, expires: int = 0, sig: str =
     )
 
 
+def _frame(server, published):
+    """What the client gets for a published update; None for one that does not decode."""
+    try:
+        return replies.update_frame(server, JobUpdate.decode(published))
+    except (ValueError, TypeError):
+        log.warning("dropped a frame on the event bus that is not a job update")
+        return None
+
+
 @router.websocket("/subscribe")
 async def subscribe(websocket: WebSocket):
     server = server_of_socket(websocket)
@@ -181,8 +194,10 @@ async def subscribe(websocket: WebSocket):
                 getter = asyncio.ensure_future(session.next())
             done, _ = await asyncio.wait({receiver, getter}, return_when=asyncio.FIRST_COMPLETED)
             if getter in done:
-                frame, getter = getter.result(), None
-                if isinstance(frame, bytes):
+                frame, getter = _frame(server, getter.result()), None
+                if frame is None:
+                    pass
+                elif isinstance(frame, bytes):
                     await websocket.send_bytes(frame)
                 else:
                     await websocket.send_text(frame)

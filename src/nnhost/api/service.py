@@ -17,7 +17,6 @@ from fastapi.responses import PlainTextResponse, Response
 from ..telemetry.metrics import CONTENT_TYPE_LATEST
 
 from ..auth.access import Throttled
-from ..deployments.nodes import memory_report
 from .deps import API_KEY_HEADER, client_address, server_of, too_many
 
 router = APIRouter()
@@ -53,12 +52,15 @@ async def ping() -> str:
 
 @router.get("/status")
 async def status(request: Request) -> dict:
-    server = server_of(request)
-    deployments = server.deployments.status()
-    for entry in deployments.values():
-        entry["queued"] = server.scheduler.waiting(entry["deployment"])
-    # On a cluster memory is budgeted per node: ``nodes`` too, and their sum as ``devices``.
-    return {"deployments": deployments, **memory_report(server.deployments)}
+    board = server_of(request).jobs.board()
+    status = {"deployments": board["deployments"], "devices": board["devices"]}
+    if "nodes" in board:
+        status["nodes"] = board["nodes"]  # on a cluster: memory per node (deployments.nodes)
+    if board.get("stale"):
+        # No controller has reported lately (API processes without one): say so.
+        status["controller"] = {"reporting": False,
+                                "last_report_seconds_ago": board.get("published_seconds_ago")}
+    return status
 
 
 @router.get("/env")

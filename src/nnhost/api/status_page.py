@@ -17,7 +17,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from ..deployments.contract import ReplicaStatus
-from ..deployments.manager import Deployment
 from .deps import server_of
 from .pages import render, viewer_of
 
@@ -27,60 +26,13 @@ router = APIRouter(include_in_schema=False)
 STARTED = time.time()
 
 
-def _state(deployment: Deployment) -> ReplicaStatus:
-    if deployment.unhealthy:
-        return ReplicaStatus.UNHEALTHY
-    if deployment.loading:
-        return ReplicaStatus.DEPLOYING
-    if deployment.healthy:
-        return ReplicaStatus.RUNNING
-    return ReplicaStatus.NOT_STARTED
-
-
-def _containment(deployment: Deployment):
-    for replica in deployment.replicas:
-        report = replica.health().containment
-        if report:
-            return {
-                "enabled": bool(report.get("enabled", True)),
-                "mode": report.get("mode", ""),
-                "active": list(report.get("active", [])),
-                "unavailable": dict(report.get("unavailable", {})),
-            }
-    return None
-
-
-def _description(deployment: Deployment) -> str:
-    for replica in deployment.replicas:
-        text = replica.health().description.strip()
-        if text:
-            return text.splitlines()[-1]
-    return deployment.note
-
-
 def overview(server) -> dict:
-    recent = server.metrics.jobs.recent
-    models = []
-    for name, deployment in server.deployments.deployments.items():
-        states = deployment.states()
-        models.append({
-            "name": name,
-            "repo_id": deployment.spec.repo_id,
-            "level": deployment.level,
-            "target": deployment.target,
-            "state": _state(deployment),
-            "replicas": {"total": len(states), "running": states.count(ReplicaStatus.RUNNING),
-                         "configured": deployment.count, "most": deployment.spec.most_replicas},
-            "queued": server.scheduler.waiting(name),
-            "running": sum(1 for replica in deployment.replicas if replica.busy),
-            **recent.summary(name),
-            "containment": _containment(deployment),
-            "description": _description(deployment),
-            "note": deployment.note,
-        })
-    if server.jobs.draining:
+    """The controller's board (`jobs.board`), with the service's state and this page's clock."""
+    data = server.jobs.board()
+    models = data.get("models", [])
+    if data.get("draining"):
         state = "draining"
-    elif any(m["state"] is ReplicaStatus.UNHEALTHY for m in models):
+    elif data.get("stale") or any(m["state"] == ReplicaStatus.UNHEALTHY for m in models):
         state = "degraded"
     else:
         state = "serving"
@@ -88,7 +40,7 @@ def overview(server) -> dict:
         "service": {"state": state, "uptime_seconds": round(time.time() - STARTED, 1),
                     "models": len(models)},
         "models": models,
-        "per_minute": recent.per_minute(),
+        "per_minute": data.get("per_minute", []),
         "generated_at": time.time(),
     }
 

@@ -23,6 +23,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     Table,
     Text,
@@ -77,6 +78,10 @@ jobs = Table(
     Column("base_url", Text, nullable=False, server_default=""),
     Column("result_size", Count),
     Column("result_expires_at", Seconds),
+    #: When the controller handed the job to a replica: from then on it may have run,
+    #: so a controller that takes over fails it rather than running it again.
+    Column("started_at", Seconds),
+    Column("priority", Integer, nullable=False, server_default="0"),
     Index("jobs_by_status", "status"),
     Index("jobs_by_user", "user_id", "created_at"),
 )
@@ -144,4 +149,48 @@ invites = Table(
     Column("used_at", Seconds),
     Column("used_by", Integer, ForeignKey("users.id")),
     sqlite_autoincrement=True,
+)
+
+#: A submitted job's payload, where processes on other machines can read it: written
+#: with the job by an API process, read by whichever controller runs it, deleted when
+#: the job ends. (With ``role = "all"`` payloads stay files in the data directory.)
+job_payloads = Table(
+    "job_payloads",
+    metadata,
+    Column("job_id", Text, primary_key=True),
+    Column("data", LargeBinary, nullable=False),
+)
+
+#: Who is the controller: one row, renewed by its holder while it lives.
+leases = Table(
+    "leases",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("holder", Text, nullable=False),
+    Column("acquired_at", Seconds, nullable=False),
+    Column("expires_at", Seconds, nullable=False),
+)
+
+#: Values every process of one deployment shares: the controller's published state
+#: (what /status, the status page and /metrics show on an API process) and secrets.
+shared_values = Table(
+    "shared_values",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("value", Text, nullable=False),
+    Column("updated_at", Seconds, nullable=False),
+)
+
+#: What an API process asks of the controller (cancel a job, deploy or evict a
+#: model), durable so that a request made while controllers change hands is kept.
+commands = Table(
+    "commands",
+    metadata,
+    Column("id", Count, primary_key=True, autoincrement=True),
+    Column("kind", Text, nullable=False),
+    Column("args", Text, nullable=False, server_default="{}"),
+    Column("created_at", Seconds, nullable=False),
+    Column("done_at", Seconds),
+    Column("result", Text),
+    Index("commands_pending", "done_at"),
 )

@@ -59,7 +59,7 @@ class ReplicaHost:
         payload_path.write_bytes(payload)
         local = JobSpec(**{**spec, "payload_path": str(payload_path),
                            "result_path": str(self._spool / f"{job_id}.result"),
-                           "started_path": "", "payload_fd": -1, "result_fd": -1})
+                           "payload_fd": -1, "result_fd": -1})
         self._specs[job_id] = local
         try:
             self.replica.submit(local)

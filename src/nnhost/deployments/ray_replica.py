@@ -9,8 +9,7 @@ contract's view of it (state, busy, accepting) from the actor's reports,
 collected by one thread per replica with a long poll.
 
 A job goes out as its spec and payload bytes, from a thread of its own (the
-manager calls on the event loop, which a slow node must not hold up), and the
-"may have started" marker is written here before it does; its result comes back as bytes with
+manager calls on the event loop, which a slow node must not hold up); its result comes back as bytes with
 its COMPLETED event and is written where the job service expects it. If the
 actor or its node is lost, the running job fails with an ERROR that says so,
 the loss is counted as a worker restart, and a new actor is asked for: Ray
@@ -186,11 +185,9 @@ class RayReplica:
         import ray
 
         wire = {key: value for key, value in asdict(spec).items()
-                if key not in ("payload_path", "result_path", "started_path", "payload_fd", "result_fd")}
+                if key not in ("payload_path", "result_path", "payload_fd", "result_fd")}
         try:
             payload = Path(spec.payload_path).read_bytes()
-            if spec.started_path:
-                Path(spec.started_path).touch()  # from here on the job may have run
             ray.get(actor.submit.remote(wire, payload), timeout=CALL_TIMEOUT)
         except Exception as error:
             with self._lock:

@@ -26,9 +26,6 @@ class JobSpec:
     env: dict = field(default_factory=dict)
     #: Where to write the result blob (the worker writes it directly).
     result_path: str = ""
-    #: A file the worker creates the moment it starts on the job, so that after a
-    #: crash the server knows whether the job may have run.
-    started_path: str = ""
     #: Seconds of execution allowed.
     time_limit: float = 3600.0
     #: Largest result blob the server will keep, in bytes (0 = no limit).

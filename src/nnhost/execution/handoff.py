@@ -19,11 +19,7 @@ from typing import Any, Optional
 from .events import JobSpec
 
 def send_job(channel: Any, spec: JobSpec) -> None:
-    """Send ``{"type": "run", "job": ...}`` with the job's payload and result descriptors.
-
-    The ``started`` marker, which the job's process itself cannot create, is
-    made here: the process starts on a job the moment it receives it.
-    """
+    """Send ``{"type": "run", "job": ...}`` with the job's payload and result descriptors."""
     payload_fd = os.open(spec.payload_path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         result_fd = os.open(
@@ -33,11 +29,8 @@ def send_job(channel: Any, spec: JobSpec) -> None:
         os.close(payload_fd)
         raise
     try:
-        if spec.started_path:
-            with open(spec.started_path, "wb"):
-                pass
         job = spec.to_dict()
-        job.update(payload_path="", result_path="", started_path="", payload_fd=-1, result_fd=-1)
+        job.update(payload_path="", result_path="", payload_fd=-1, result_fd=-1)
         channel.send({"type": "run", "job": job}, [payload_fd, result_fd])
     finally:
         os.close(payload_fd)

@@ -353,9 +353,6 @@ class Runner:
     def _run(self, spec: JobSpec, emit: Emit) -> None:
         started = time.perf_counter()
         meta: dict = {}
-        if spec.started_path and spec.payload_fd < 0:
-            with open(spec.started_path, "wb"):
-                pass
         try:
             tracer = self._deserialize(spec)
             self._apply_env(spec.env)

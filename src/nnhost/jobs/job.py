@@ -75,3 +75,7 @@ class Job:
     base_url: str = ""
     result_size: Optional[int] = None
     result_expires_at: Optional[float] = None
+    #: Queued ahead of other users' jobs (the submitter was tagged ``priority``).
+    priority: bool = False
+    #: When the controller handed it to a replica: from then on it may have run.
+    started_at: Optional[float] = None

@@ -32,6 +32,19 @@ class Observers:
     def add(self, observer: JobObserver) -> None:
         self._observers.append(observer)
 
+    def noted(self, job: Job) -> None:
+        """One server log line per recorded status (the job's id in its fields), then the observers."""
+        if log.isEnabledFor(logging.INFO):  # no wording work on the hot path when not logged
+            from .intake import one_line
+
+            log.info(
+                "job %s %s on %s: %s", job.id, job.status.value, job.deployment,
+                one_line(job.description),
+                extra={"job_id": job.id, "status": job.status.value, "model": job.deployment,
+                       "user_id": job.user_id},
+            )
+        self.job_changed(job)
+
     def job_changed(self, job: Job) -> None:
         for observer in self._observers:
             try:

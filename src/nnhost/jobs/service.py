@@ -1,61 +1,40 @@
 """The lifecycle of jobs: accept, queue, dispatch, record, announce.
 
-`JobService` is where the parts meet: a submitted job is written to the store
-(and its payload to disk) before anything is announced, queued fairly, handed
+`JobService` is the controller's half (`front.JobFront` is the API's): a job
+the front has stored (record and payload) is accepted here, queued fairly, handed
 to an idle replica of its deployment, and every event the replica reports is
 checked (a replica runs user code, so its events are untrusted: see
 `intake`), recorded and then pushed to the job's websocket session. A
 COMPLETED result is committed to the result store first (`Completion`), and
 announced with the size the store holds. A job no replica finishes in time is
-failed by `Upkeep.sweep_stuck`. It runs on the API's
+failed by `Upkeep.sweep_stuck`. It runs on the controller's
 event loop only (the deployment manager hops replica callbacks onto it), so it
-needs no locks. It knows nothing of HTTP: the API layer turns its results and
-exceptions into responses.
+needs no locks. It knows nothing of HTTP: what it publishes are `update.JobUpdate`
+facts, which the API process holding the websocket frames for the client.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-import uuid
-from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from ..auth.keys import Principal
 from ..config import Settings
-from ..deployments.catalog import ModelKey
 from ..deployments.manager import CannotFit, DeploymentManager
 from ..execution.events import JobEvent, JobSpec
-from ..storage.blobs import BlobDir
+from ..storage.payloads import JobPayloads
 from ..storage.results import ResultStore
-from ..wire import Response
 from .bus import EventBus
 from .completion import Completion
-from .intake import LogBudget, check_event, clean_text, event_job_id, one_line, runtime_of
+from .intake import LogBudget, check_event, clean_text, event_job_id, runtime_of
 from .job import Job, Status
 from .observer import JobObserver, Observers
 from .scheduler import Scheduler
 from .store import JobStore
+from .update import JobUpdate
 from .upkeep import Upkeep
 
 log = logging.getLogger("nnhost.jobs")
-
-
-class UnknownModel(LookupError):
-    """The request names a model this server does not serve."""
-
-
-class SessionNotOwned(PermissionError):
-    """The request names a websocket session that is not the caller's."""
-
-
-@dataclass
-class Submission:
-    model_key: str
-    session_id: str
-    compress: bool
-    env: dict
 
 
 class JobService(Completion, Upkeep):
@@ -66,7 +45,7 @@ class JobService(Completion, Upkeep):
         bus: EventBus,
         scheduler: Scheduler,
         deployments: DeploymentManager,
-        payloads: BlobDir,
+        payloads: JobPayloads,
         results: ResultStore,
         observers: Iterable[JobObserver] = (),
     ) -> None:
@@ -93,46 +72,16 @@ class JobService(Completion, Upkeep):
 
     # -- accepting -------------------------------------------------------------
 
-    async def submit(
-        self, principal: Principal, submission: Submission, blob: bytes, base_url: str
-    ) -> Job:
-        key = ModelKey.parse(submission.model_key)
-        deployment = self.deployments.match(key)
-        if deployment is None:
-            raise UnknownModel(
-                f"This server does not serve {key.describe()}. "
-                f"Models served here: {self.deployments.catalog.describe()}."
-            )
-        if submission.session_id:
-            session = await self.bus.owner(submission.session_id)
-            if session is None or session.user_id != principal.user_id:
-                raise SessionNotOwned(
-                    "The request names a websocket session that is not open for your "
-                    "API key. Open /subscribe with the same key first."
-                )
-        job = Job(
-            id=uuid.uuid4().hex,
-            user_id=principal.user_id,
-            model_key=submission.model_key,
-            deployment=deployment.name,
-            session_id=submission.session_id,
-            compress=submission.compress,
-            env=submission.env,
-            status=Status.RECEIVED,
-            description=f"Your request for {deployment.name} was received.",
-            base_url=base_url,
-        )
-        # The payload is on disk before the job exists, so a recorded job
-        # always has what it needs to run.
-        await asyncio.to_thread(self.payloads.write, job.id, blob)
-        self.store.create(job)
-        self._noted(job)
-        self.scheduler.enqueue(
-            deployment.name, principal.user_id, job.id, priority="priority" in principal.tags
-        )
-        self._announce_positions(deployment.name, only=job.id)
-        self.pump(deployment.name)
-        return job
+    def accept(self, job: Job) -> None:
+        """Queue a job the front has stored (RECEIVED, its payload written) and dispatch."""
+        self.scheduler.enqueue(job.deployment, job.user_id, job.id, priority=job.priority)
+        self._announce_positions(job.deployment, only=job.id)
+        self.pump(job.deployment)
+
+    def reject(self, job_id: str, reason: str) -> None:
+        """End a stored job that cannot be queued, with ``reason`` as its ERROR."""
+        self._record(job_id, Status.ERROR, reason)
+        self.payloads.delete(job_id)
 
     # -- dispatching -----------------------------------------------------------
 
@@ -161,25 +110,33 @@ class JobService(Completion, Upkeep):
             job = self.store.get(job_id)
             if job is None or job.status.final:
                 continue
+            try:
+                payload_path = self.payloads.path(job.id)
+            except (OSError, ValueError) as error:
+                log.error("the payload of %s cannot be read: %s", job.id, error)
+                self.scheduler.finished(name, job.id, None)
+                self._record(job.id, Status.ERROR, (
+                    "Your request's payload could not be read on this server. Please resubmit it."
+                ))
+                continue
             spec = JobSpec(
                 job_id=job.id,
-                payload_path=str(self.payloads.path(job.id)),
+                payload_path=str(payload_path),
                 compress=job.compress,
                 env=job.env,
                 result_path=str(self.results.staging_path(job.id)),
-                started_path=str(self.payloads.marker(job.id, "started")),
                 time_limit=self.settings.time_limit,
                 max_result_bytes=self.settings.max_result_bytes,
                 max_log_lines=self.settings.max_log_lines,
             )
-            self._record(job.id, Status.DISPATCHED, f"Dispatched to {name}.")
+            self._record(job.id, Status.DISPATCHED, f"Dispatched to {name}.", started=True)
             try:
                 self.deployments.submit(name, spec)
             except RuntimeError as error:
                 # The replica went away between the check and the send: wait again.
                 log.warning("could not dispatch %s: %s", job.id, error)
                 self._record(job.id, Status.QUEUED, "Waiting for the model to come back.")
-                self.scheduler.enqueue(name, job.user_id, job.id)
+                self.scheduler.enqueue(name, job.user_id, job.id, priority=job.priority)
                 break
         if self.scheduler.waiting(name) and not self.draining:
             self.deployments.grow(name, self.scheduler.waiting(name))
@@ -271,7 +228,7 @@ class JobService(Completion, Upkeep):
     def _finished(self, name: str, job_id: str, runtime: Optional[float]) -> None:
         self._announced.pop(job_id, None)
         self.log_budget.forget(job_id)
-        self.payloads.delete(job_id, "started")
+        self.payloads.delete(job_id)
         self.scheduler.finished(name, job_id, runtime)
 
     def on_change(self, name: str) -> None:
@@ -313,58 +270,18 @@ class JobService(Completion, Upkeep):
         return job
 
     def _noted(self, job: Job) -> None:
-        """One log line per recorded status (the job's id in its fields), then the observers."""
-        if log.isEnabledFor(logging.INFO):  # no wording work on the hot path when not logged
-            log.info(
-                "job %s %s on %s: %s", job.id, job.status.value, job.deployment,
-                one_line(job.description),
-                extra={"job_id": job.id, "status": job.status.value, "model": job.deployment,
-                       "user_id": job.user_id},
-            )
-        self.observers.job_changed(job)
+        self.observers.noted(job)
 
     def _publish(
         self, job: Job, status: Status, description: str, inline: Optional[bytes] = None
     ) -> None:
-        """Push an update to the job's session; a COMPLETED with ``inline`` bytes carries them."""
+        """Push an update to the job's session (its API process frames it for the client)."""
         if not job.session_id:
             return
-        if status is Status.COMPLETED and inline is not None:
-            frame = Response(
-                id=job.id,
-                status=status.value,
-                description=description,
-                data=inline,
-                meta=job.meta,
-            ).pickle()
-            self.bus.publish(job.session_id, frame)
-            return
-        self.bus.publish(job.session_id, self.response(job, job.base_url, status, description).model_dump_json())
-
-    def response(
-        self,
-        job: Job,
-        base_url: str,
-        status: Optional[Status] = None,
-        description: Optional[str] = None,
-    ) -> Response:
-        """The Response a client sees for ``job`` (a link on COMPLETED)."""
-        status = status or job.status
-        data = None
-        if status is Status.COMPLETED:
-            data = self.result_url(job, base_url)
-        meta = job.meta if status.final else None
-        return Response(
-            id=job.id,
-            status=status.value,
-            description=description if description is not None else job.description,
-            data=data,
-            meta=meta,
+        update = JobUpdate(
+            job_id=job.id, status=status.value, description=description, meta=job.meta,
+            base_url=job.base_url,
+            result_expires_at=job.result_expires_at if status is Status.COMPLETED else None,
+            inline=inline if status is Status.COMPLETED else None,
         )
-
-    def result_url(self, job: Job, base_url: str) -> Optional[str]:
-        if job.result_expires_at is None:
-            return None
-        base = (self.settings.public_url or base_url).rstrip("/")
-        ttl = max(60.0, job.result_expires_at - time.time())
-        return self.results.signed_url(job.id, ttl, base)
+        self.bus.publish(job.session_id, update.encode())

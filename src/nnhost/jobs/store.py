@@ -51,6 +51,7 @@ _TRANSITION = (
         updated_at=bindparam("updated_at"),
         result_size=bindparam("result_size"),
         result_expires_at=bindparam("result_expires_at"),
+        started_at=bindparam("started_at"),
     )
 )
 
@@ -142,6 +143,7 @@ class JobStore:
                     created_at=job.created_at,
                     updated_at=job.updated_at,
                     base_url=job.base_url,
+                    priority=int(job.priority),
                 )
             )
         return job
@@ -155,8 +157,13 @@ class JobStore:
         meta: Optional[dict] = None,
         result_size: Optional[int] = None,
         result_expires_at: Optional[float] = None,
+        started: bool = False,
     ) -> Job:
-        """Move a job to ``status``, refusing transitions the lifecycle forbids."""
+        """Move a job to ``status``, refusing transitions the lifecycle forbids.
+
+        ``started`` stamps the moment the job was handed to a replica (from
+        then on it may have run); a job back in the queue loses its stamp.
+        """
         with self._lock, self.database.write() as db:
             row = db.execute(_LOCK_ROW, {"job_id": job_id}).mappings().first()
             if row is None:
@@ -169,6 +176,10 @@ class JobStore:
             if result_size is not None:
                 job.result_size = result_size
                 job.result_expires_at = result_expires_at
+            if started:
+                job.started_at = job.updated_at
+            elif status is Status.QUEUED:
+                job.started_at = None
             db.execute(
                 _TRANSITION,
                 {
@@ -179,6 +190,7 @@ class JobStore:
                     "updated_at": job.updated_at,
                     "result_size": job.result_size,
                     "result_expires_at": job.result_expires_at,
+                    "started_at": job.started_at,
                 },
             )
         return job
@@ -218,4 +230,6 @@ def _job(row: RowMapping) -> Job:
         base_url=row["base_url"],
         result_size=row["result_size"],
         result_expires_at=row["result_expires_at"],
+        priority=bool(row["priority"]),
+        started_at=row["started_at"],
     )

@@ -27,13 +27,16 @@ ORPHAN_SWEEP_SECONDS = 3600.0
 
 
 class Upkeep:
-    def recover(self) -> None:
-        """After a restart: requeue what had not started, fail what may have run."""
+    def recover(self) -> list[str]:
+        """After a restart or a takeover: requeue what had not started, fail what may have run.
+
+        Returns the ids of the jobs put back in the queue.
+        """
+        requeued = []
         waiting = (Status.RECEIVED, Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING)
         for job in self.store.with_status(waiting + (Status.DISPATCHED, Status.RUNNING)):
             name = job.deployment
-            started = self.payloads.marker(job.id, "started").exists()
-            if job.status is Status.RUNNING or started:
+            if job.status is Status.RUNNING or job.started_at is not None:
                 reason = "The server restarted while your request was running."
             elif name not in self.deployments.deployments:
                 reason = f"The server restarted and no longer serves {name}."
@@ -42,11 +45,13 @@ class Upkeep:
             else:
                 if job.status is Status.DISPATCHED:
                     self._record(job.id, Status.QUEUED, "Requeued after a server restart.")
-                self.scheduler.enqueue(name, job.user_id, job.id)
+                self.scheduler.enqueue(name, job.user_id, job.id, priority=job.priority)
+                requeued.append(job.id)
                 continue
             # Never run twice what may already have run: the user decides.
             self._record(job.id, Status.ERROR, f"{reason} Please resubmit it.")
-            self.payloads.delete(job.id, "started")
+            self.payloads.delete(job.id)
+        return requeued
 
     async def drain(self, grace: float) -> None:
         """Graceful shutdown: stop dispatching, let running jobs finish, requeue the rest."""
@@ -60,12 +65,11 @@ class Upkeep:
         await self.settled()
         for job in self.store.with_status((Status.DISPATCHED, Status.RUNNING)):
             # Stopped before it could finish: it never completed, so it runs again
-            # after the restart (the started marker goes, so recovery requeues it).
+            # after the restart (back in the queue, it loses its started stamp).
             self._requeued.add(job.id)
             self._record(
                 job.id, Status.QUEUED, "The server is restarting; your request will run again."
             )
-            self.payloads.marker(job.id, "started").unlink(missing_ok=True)
 
     async def sweep_results(self, now: Optional[float] = None) -> int:
         """Delete results and LOG lines past their retention; returns how many results."""

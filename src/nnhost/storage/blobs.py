@@ -4,6 +4,8 @@ A submitted job's payload is written here before the job is recorded, so a
 restart loses nothing that was accepted; the replica's process opens it for the
 worker (it travels as a descriptor, never as a path). Payloads never leave
 this machine: results, which may, live behind `storage.results.ResultStore`.
+For API processes and a controller on other machines, `payloads.DatabasePayloads`
+keeps them in the shared database instead.
 """
 
 from __future__ import annotations
@@ -48,10 +50,6 @@ class BlobDir:
         write_file(path, data)
         return path
 
-    def marker(self, job_id: str, name: str) -> Path:
-        """A side file of a job's blob (e.g. ``started``)."""
-        return self.path(job_id).with_name(f"{job_id}.{name}")
-
     def exists(self, job_id: str) -> bool:
         return self.path(job_id).is_file()
 
@@ -64,9 +62,8 @@ class BlobDir:
     def read(self, job_id: str) -> bytes:
         return self.path(job_id).read_bytes()
 
-    def delete(self, job_id: str, *markers: str) -> None:
-        for path in (self.path(job_id), *(self.marker(job_id, m) for m in markers)):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+    def delete(self, job_id: str) -> None:
+        try:
+            self.path(job_id).unlink()
+        except FileNotFoundError:
+            pass

@@ -4,10 +4,11 @@ Two kinds of numbers. Events are counted as they happen: `JobMetrics` is a
 `jobs.observer.JobObserver` (received and finished jobs by model and final
 status, time waiting for a replica, time running, result sizes), and the API
 middleware counts HTTP responses. State is read when Prometheus scrapes:
-`_StateCollector` asks the scheduler and the deployment manager for queue
-lengths, levels, replica states, memory per device and the incident tallies
-(worker restarts, containment faults). Scrapes happen on the event loop, the
-same thread that changes that state, so a scrape sees one consistent moment.
+`_StateCollector` reads the controller's board (`jobs.board`: queue
+lengths, levels, replica states, memory per device and the incident tallies,
+i.e. worker restarts and containment faults), live in its own process and as
+last published on an API process. Scrapes happen on the event loop, the same
+thread that changes that state, so a scrape sees one consistent moment.
 
 The registry is this server's own, not the library's global one: the numbers
 describe this process since it started, as Prometheus expects of counters, and
@@ -25,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..deployments.incidents import Incident
-from ..deployments.manager import COLD, HOT, WARM, DeploymentManager
+from ..deployments.manager import COLD, HOT, WARM
 from ..jobs.job import Job, Status
 from .recent import RecentJobs
 
@@ -98,20 +99,17 @@ class JobMetrics:
 
 
 class _StateCollector:
-    """What the server is doing right now, read at each scrape."""
+    """What the server is doing right now, read at each scrape from the controller's board."""
 
-    def __init__(
-        self, deployments: DeploymentManager, waiting: Callable[[str], int], sessions: Callable[[], int]
-    ) -> None:
-        self._deployments = deployments
-        self._waiting = waiting
+    def __init__(self, board: Callable[[], dict], sessions: Callable[[], int]) -> None:
+        self._board = board
         self._sessions = sessions
 
     def describe(self) -> list:
         return []  # the families depend on the catalog; collected on each scrape
 
     def collect(self):
-        manager = self._deployments
+        board = self._board()
         queue = GaugeMetricFamily("nnhost_queue_length", "Requests waiting, by model.", labels=["model"])
         running = GaugeMetricFamily("nnhost_jobs_running", "Requests running now, by model.", labels=["model"])
         level = GaugeMetricFamily(
@@ -130,46 +128,49 @@ class _StateCollector:
             "Jobs stopped by containment: protocol violations, memory and time limits, crashes.",
             labels=["model", "kind"],
         )
-        for name, deployment in manager.deployments.items():
-            queue.add_metric([name], self._waiting(name))
-            running.add_metric([name], sum(1 for replica in deployment.replicas if replica.busy))
+        for model in board.get("models", []):
+            name = model["name"]
+            queue.add_metric([name], model["queued"])
+            running.add_metric([name], model["running"])
             for each in (HOT, WARM, COLD):
-                level.add_metric([name, each], 1.0 if deployment.level == each else 0.0)
-            states: dict[str, int] = {}
-            for state in deployment.states():
-                states[state] = states.get(state, 0) + 1
-            for state, count in sorted(states.items()):
+                level.add_metric([name, each], 1.0 if model["level"] == each else 0.0)
+            for state, count in sorted(model["replicas"]["by_state"].items()):
                 replicas.add_metric([name, state], count)
-            counts = deployment.tally.counts()
-            restarts.add_metric([name], counts.pop(Incident.WORKER_RESTART))
+            counts = dict(model["incidents"])
+            restarts.add_metric([name], counts.pop(Incident.WORKER_RESTART.value, 0))
             for kind, count in counts.items():
-                faults.add_metric([name, kind.value], count)
+                faults.add_metric([name, kind], count)
         memory = GaugeMetricFamily(
             "nnhost_device_memory_bytes",
             "Memory per device: the budget, and what models placed there hold.",
             labels=["device", "kind"],
         )
-        for device, budget in manager.budgets.items():
-            memory.add_metric([device, "budget"], budget)
-            memory.add_metric([device, "used"], manager.used(device))
+        for device, use in board.get("devices", {}).items():
+            memory.add_metric([device, "budget"], use["budget_bytes"])
+            memory.add_metric([device, "used"], use["used_bytes"])
         sessions = GaugeMetricFamily("nnhost_websocket_sessions", "Open client websocket sessions.")
         sessions.add_metric([], self._sessions())
         yield from (queue, running, level, replicas, restarts, faults, memory, sessions)
 
 
 class Metrics:
-    """The server's registry: job counts, HTTP responses and the state read at scrape time."""
+    """The server's registry: job counts, HTTP responses and the state read at scrape time.
+
+    Job counts are this process's: on an API process only requests received; on a
+    controller (or with ``role = "all"``) the whole lifecycle. The state gauges are
+    the controller's board, wherever it is read.
+    """
 
     def __init__(
-        self, deployments: DeploymentManager, waiting: Callable[[str], int], sessions: Callable[[], int]
+        self, board: Callable[[], dict], sessions: Callable[[], int], models: Iterable[str]
     ) -> None:
         self.registry = CollectorRegistry()
-        self.jobs = JobMetrics(self.registry, deployments.deployments)
+        self.jobs = JobMetrics(self.registry, models)
         self.http = Counter(
             "nnhost_http_responses", "HTTP responses by method, route and status code.",
             ["method", "route", "code"], registry=self.registry,
         )
-        self.registry.register(_StateCollector(deployments, waiting, sessions))
+        self.registry.register(_StateCollector(board, sessions))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,0 +1,170 @@
+"""The controller's composition: the fair queue, the deployments and the replicas.
+
+With ``role = "all"`` the API's lifespan builds one `Controller` and starts it
+at once. With ``role = "controller"`` `run_controller` first waits for the
+controller lease (`jobs.lease`): a second controller started against the same
+database stands by and takes over when the first stops renewing it. Either
+way the controller recovers the jobs a previous one left (requeues what had
+not started, fails what may have run), and then keeps them moving: the
+periodic sweep here, and with separate processes the `jobs.relay.Relay`
+that takes new jobs and commands from the database and publishes the board.
+
+A controller that loses its lease stops at once, without touching a job:
+another controller already acts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from .config import Settings
+from .db import Database
+from .deployments.catalog import Catalog
+from .deployments.manager import DeploymentManager
+from .jobs.board import board
+from .jobs.bus import EventBus
+from .jobs.lease import RENEW_EVERY, Lease
+from .jobs.observer import JobObserver
+from .jobs.relay import Relay
+from .jobs.scheduler import Scheduler
+from .jobs.service import JobService
+from .jobs.store import JobStore
+from .storage.payloads import JobPayloads
+from .storage.results import ResultStore
+
+log = logging.getLogger("nnhost")
+
+#: How often jobs past their time limit are looked for.
+STUCK_SWEEP_SECONDS = 5.0
+
+
+@dataclass
+class Controller:
+    settings: Settings
+    deployments: DeploymentManager
+    scheduler: Scheduler
+    service: JobService
+    #: The recent-jobs history the board adds to each model (`telemetry.recent`).
+    recent: Optional[object] = None
+    _tasks: list = field(default_factory=list)
+
+    def board(self) -> dict:
+        recent = self.recent
+        return board(
+            self.service,
+            summaries=getattr(recent, "summary", None),
+            per_minute=recent.per_minute() if recent is not None else None,
+        )
+
+    def start(self) -> list[str]:
+        """Recover the jobs a previous controller left, then bring the deployments up."""
+        requeued = self.service.recover()
+        self.deployments.start()
+        self._tasks.append(asyncio.create_task(self._sweep()))
+        return requeued
+
+    async def stop(self, grace: float) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await self.service.drain(grace)
+        await asyncio.to_thread(self.deployments.stop)
+
+    async def _sweep(self) -> None:
+        settings, loop = self.settings, asyncio.get_running_loop()
+        every = min(60.0, max(1.0, settings.result_retention / 4))
+        last = 0.0
+        while True:
+            try:
+                # No job stays DISPATCHED or RUNNING past its limit, whatever its worker says.
+                for name in self.deployments.shrink():
+                    log.info("stopped idle extra replica %s", name)
+                stuck = self.service.sweep_stuck()
+                if stuck:
+                    log.warning("failed %d jobs that ran past their time limit", stuck)
+                if loop.time() - last >= every:
+                    last = loop.time()
+                    removed = await self.service.sweep_results()
+                    if removed:
+                        log.info("deleted %d expired results", removed)
+            except Exception:
+                log.exception("job sweep failed")
+            await asyncio.sleep(STUCK_SWEEP_SECONDS)
+
+
+def build_controller(
+    settings: Settings,
+    catalog: Catalog,
+    store: JobStore,
+    bus: EventBus,
+    payloads: JobPayloads,
+    results: ResultStore,
+    observers: list[JobObserver],
+    recent: Optional[object] = None,
+) -> Controller:
+    from .app import memory_budgets, replica_factory, worker_environ
+
+    loop = asyncio.get_running_loop()
+    scheduler = Scheduler()
+    service: Optional[JobService] = None
+
+    deployments = DeploymentManager(
+        catalog,
+        loop=loop,
+        on_job_event=lambda name, event: service.on_job_event(name, event),
+        on_change=lambda name: service.on_change(name),
+        has_work=lambda name: service.has_work(name),
+        worker_environ=worker_environ(settings, catalog),
+        # On a cluster, room is per node, from what Ray reports (deployments.nodes).
+        budgets=memory_budgets(settings, catalog) if not settings.cluster else {},
+        replica_factory=replica_factory(settings),
+        torch_threads=settings.torch_threads,
+        kill_grace=settings.kill_grace,
+        scale_down_after=settings.scale_down_after,
+    )
+    service = JobService(settings, store, bus, scheduler, deployments, payloads, results,
+                         observers=observers)
+    return Controller(settings, deployments, scheduler, service, recent)
+
+
+async def run_controller(
+    lease: Lease,
+    database: Database,
+    build: Callable[[], Controller],
+    on_acting: Callable[[Controller], None],
+) -> None:
+    """Stand by until this process holds the lease, then act as the controller until stopped."""
+    waited = False
+    while not await asyncio.to_thread(lease.try_acquire):
+        if not waited:
+            holder = await asyncio.to_thread(lease.current)
+            log.info("standing by: the controller is %s", holder.holder if holder else "starting")
+            waited = True
+        await asyncio.sleep(RENEW_EVERY)
+    log.info("this process (%s) is the controller now", lease.holder)
+    controller = build()
+    on_acting(controller)
+    taken = controller.start()
+    relay = Relay(controller.service, database, controller.board, taken=taken)
+    relaying = asyncio.create_task(relay.run())
+    try:
+        while True:
+            await asyncio.sleep(RENEW_EVERY)
+            try:
+                held = await asyncio.to_thread(lease.renew)
+            except Exception:
+                log.exception("could not renew the controller lease")
+                held = False
+            if not held and not await asyncio.to_thread(lease.renew):
+                log.critical(
+                    "this process lost the controller lease (another controller may act "
+                    "now); stopping at once without touching a job"
+                )
+                # Its workers die with it (they watch their parent); nothing is recorded.
+                logging.shutdown()
+                os._exit(3)
+    finally:
+        relaying.cancel()

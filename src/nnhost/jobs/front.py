@@ -1,0 +1,158 @@
+"""The job service as the routes see it, on every API process.
+
+`JobFront` is what the API programs against: accept a request (its payload
+and its record are stored before anything else happens, so an accepted job is
+never lost), look jobs up, cancel them, read what the controller reports, and
+ask the controller to act. It never dispatches or runs anything itself: it
+tells the controller through a `ControllerLink`, which is the controller's
+own `JobService` in this process (``role = "all"``), or the database
+(`relay.DatabaseLink`) when the controller is another process, perhaps on
+another machine. It knows nothing of HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Protocol
+
+from ..auth.keys import Principal
+from ..deployments.catalog import Catalog, ModelKey
+from .bus import EventBus
+from .job import Job, Status
+from .observer import Observers
+from .store import JobStore
+
+
+class UnknownModel(LookupError):
+    """The request names a model this server does not serve."""
+
+
+class SessionNotOwned(PermissionError):
+    """The request names a websocket session that is not the caller's."""
+
+
+class Refused(RuntimeError):
+    """The controller will not do what was asked; ``code`` is the HTTP status that says why."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+@dataclass
+class Submission:
+    model_key: str
+    session_id: str
+    compress: bool
+    env: dict
+
+
+class Payloads(Protocol):
+    """Where accepted payloads wait for the controller (`storage.blobs`, `storage.payloads`)."""
+
+    def write(self, job_id: str, data: bytes) -> Any: ...
+
+
+class ControllerLink(Protocol):
+    """How an API process reaches the controller, wherever it runs."""
+
+    def accepted(self, job: Job) -> None:
+        """A job was stored and waits to be queued."""
+
+    async def cancel(self, job: Job) -> bool:
+        """Cancel a job that has not ended; False if it had."""
+
+    async def command(self, kind: str, **args: Any) -> dict:
+        """``deploy`` (model, level) or ``evict`` (model): the controller's answer, or `Refused`."""
+
+    def board(self) -> dict:
+        """What the controller last reported (`board.board`): models, queues, devices."""
+
+
+class JobFront:
+    def __init__(
+        self,
+        store: JobStore,
+        bus: EventBus,
+        payloads: Payloads,
+        catalog: Catalog,
+        link: ControllerLink,
+        observers: Iterable = (),
+    ) -> None:
+        self.store = store
+        self.bus = bus
+        self.payloads = payloads
+        self.catalog = catalog
+        self.link = link
+        self.observers = Observers(observers)
+
+    async def submit(
+        self, principal: Principal, submission: Submission, blob: bytes, base_url: str
+    ) -> Job:
+        key = ModelKey.parse(submission.model_key)
+        spec = self.catalog.match(key)
+        if spec is None:
+            raise UnknownModel(
+                f"This server does not serve {key.describe()}. "
+                f"Models served here: {self.catalog.describe()}."
+            )
+        if submission.session_id:
+            session = await self.bus.owner(submission.session_id)
+            if session is None or session.user_id != principal.user_id:
+                raise SessionNotOwned(
+                    "The request names a websocket session that is not open for your "
+                    "API key. Open /subscribe with the same key first."
+                )
+        job = Job(
+            id=uuid.uuid4().hex,
+            user_id=principal.user_id,
+            model_key=submission.model_key,
+            deployment=spec.name,
+            session_id=submission.session_id,
+            compress=submission.compress,
+            env=submission.env,
+            status=Status.RECEIVED,
+            description=f"Your request for {spec.name} was received.",
+            base_url=base_url,
+            priority="priority" in principal.tags,
+        )
+        # The payload is stored before the job exists, so a recorded job always
+        # has what it needs to run, whichever controller picks it up.
+        await asyncio.to_thread(self.payloads.write, job.id, blob)
+        self.store.create(job)
+        self.observers.noted(job)
+        self.link.accepted(job)
+        return self.store.get(job.id) or job
+
+    # -- reading ---------------------------------------------------------------
+
+    def get(self, job_id: str) -> Optional[Job]:
+        return self.store.get(job_id)
+
+    def logs(self, job_id: str) -> list[str]:
+        return self.store.logs(job_id)
+
+    def for_user(self, user_id: int, limit: int = 50) -> list[Job]:
+        return self.store.for_user(user_id, limit)
+
+    def search(self, **filters: Any) -> list[Job]:
+        return self.store.search(**filters)
+
+    def with_status(self, statuses: Iterable[Status]) -> list[Job]:
+        return self.store.with_status(statuses)
+
+    def board(self) -> dict:
+        return self.link.board()
+
+    # -- asking the controller ---------------------------------------------------
+
+    async def cancel(self, job: Job) -> bool:
+        if job.status.final:
+            return False
+        return await self.link.cancel(job)
+
+    async def command(self, kind: str, **args: Any) -> dict:
+        return await self.link.command(kind, **args)

@@ -1,0 +1,241 @@
+"""Between the API processes and the controller: in one process, or through the database.
+
+`InProcessLink` is the `front.ControllerLink` of ``role = "all"``: the front
+calls the controller's `JobService` directly, on the same event loop.
+
+With separate processes (``role = "api"`` and ``"controller"``), they share
+only the database (and the event bus, for the websockets' updates):
+
+- An API process stores a job as RECEIVED with its payload; the controller's
+  `Relay` finds new RECEIVED jobs every `INTAKE_EVERY` seconds and queues them.
+- Cancelling, deploying and evicting are rows of ``commands``, which the
+  controller carries out (`controls`) and answers in the same row; an API
+  process waits up to `ANSWER_WITHIN` seconds for the answer (`DatabaseLink`).
+  A command is durable: one sent while controllers change hands is carried
+  out by the next.
+- The controller publishes its board (`board`) every `PUBLISH_EVERY` seconds;
+  an API process reads it, and marks it stale when no controller has
+  published for `STALE_AFTER` seconds.
+
+What is read back from the database was written by another process: it is
+checked like any untrusted input before it is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any, Callable, Optional
+
+from sqlalchemy import delete, insert, select, update
+
+from ..db import Database
+from ..db.tables import commands, shared_values
+from .front import Refused
+from .job import Job, Status
+from .service import JobService
+
+log = logging.getLogger("nnhost.relay")
+
+INTAKE_EVERY = 0.05
+COMMANDS_EVERY = 0.1
+PUBLISH_EVERY = 1.0
+STALE_AFTER = 10.0
+ANSWER_WITHIN = 15.0
+#: Answered commands are kept this long (for an API process that was slow to read its answer).
+KEEP_ANSWERS = 3600.0
+BOARD = "board"
+
+
+class InProcessLink:
+    """The controller is this process's own job service."""
+
+    def __init__(self, service: JobService, board: Callable[[], dict]) -> None:
+        self.service = service
+        self._board = board
+
+    def accepted(self, job: Job) -> None:
+        self.service.accept(job)
+
+    async def cancel(self, job: Job) -> bool:
+        return self.service.cancel(job)
+
+    async def command(self, kind: str, **args: Any) -> dict:
+        from .controls import carry_out
+
+        return carry_out(self.service, kind, args)
+
+    def board(self) -> dict:
+        return self._board()
+
+
+def _answer(raw: Optional[str]) -> dict:
+    """A command's answer as the controller wrote it: its result, or `Refused`."""
+    try:
+        answer = json.loads(raw or "")
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and isinstance(answer.get("ok"), dict):
+        return answer["ok"]
+    refused = answer.get("refused") if isinstance(answer, dict) else None
+    if isinstance(refused, list) and len(refused) == 2 and isinstance(refused[0], int):
+        raise Refused(refused[0], str(refused[1]))
+    raise Refused(502, "The controller's answer could not be read.")
+
+
+class DatabaseLink:
+    """The controller is another process: commands and its board go through the database."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+        self._board: Optional[dict] = None
+        self._board_read = 0.0
+
+    def accepted(self, job: Job) -> None:
+        pass  # the controller finds RECEIVED jobs itself (`Relay.intake`)
+
+    async def cancel(self, job: Job) -> bool:
+        # Recorded, not awaited: the controller cancels it as soon as it reads the row,
+        # and a job that ends first is simply not cancelled.
+        await asyncio.to_thread(self._send, "cancel", {"job_id": job.id})
+        return True
+
+    async def command(self, kind: str, **args: Any) -> dict:
+        command_id = await asyncio.to_thread(self._send, kind, args)
+        deadline = time.monotonic() + ANSWER_WITHIN
+        while time.monotonic() < deadline:
+            raw = await asyncio.to_thread(self._result, command_id)
+            if raw is not None:
+                return _answer(raw)
+            await asyncio.sleep(COMMANDS_EVERY)
+        raise Refused(
+            503,
+            f"The controller did not answer within {ANSWER_WITHIN:.0f}s (is one running? "
+            "see /status). The request is kept and is carried out when a controller reads it.",
+        )
+
+    def _send(self, kind: str, args: dict) -> int:
+        with self.database.write() as db:
+            result = db.execute(
+                insert(commands).values(kind=kind, args=json.dumps(args), created_at=time.time())
+            )
+            return int(result.inserted_primary_key[0])
+
+    def _result(self, command_id: int) -> Optional[str]:
+        query = select(commands.c.result).where(commands.c.id == command_id,
+                                                commands.c.done_at.is_not(None))
+        with self.database.read() as db:
+            return db.execute(query).scalar()
+
+    def board(self) -> dict:
+        now = time.monotonic()
+        if self._board is None or now - self._board_read > PUBLISH_EVERY / 2:
+            self._board, self._board_read = read_board(self.database), now
+        return self._board
+
+
+def read_board(database: Database) -> dict:
+    """The board the controller last published; ``stale`` when it is old or missing."""
+    query = select(shared_values.c.value, shared_values.c.updated_at).where(
+        shared_values.c.name == BOARD
+    )
+    with database.read() as db:
+        row = db.execute(query).first()
+    board: dict = {}
+    if row is not None:
+        try:
+            board = json.loads(row[0])
+        except ValueError:
+            board = {}
+    if not isinstance(board, dict):
+        board = {}
+    age = time.time() - row[1] if row is not None else None
+    board.setdefault("models", [])
+    board.setdefault("deployments", {})
+    board.setdefault("devices", {})
+    board["stale"] = age is None or age > STALE_AFTER
+    board["published_seconds_ago"] = None if age is None else round(age, 1)
+    return board
+
+
+class Relay:
+    """The controller's side: take new jobs and commands, publish the board."""
+
+    def __init__(self, service: JobService, database: Database, board: Callable[[], dict],
+                 taken: Optional[set[str]] = None) -> None:
+        self.service = service
+        self.database = database
+        self._board = board
+        #: RECEIVED jobs already queued (recovery's, and the ones intake found).
+        self._taken = set(taken or ())
+
+    async def run(self) -> None:
+        last_commands = last_publish = 0.0
+        while True:
+            try:
+                self.intake()
+                now = time.monotonic()
+                if now - last_commands >= COMMANDS_EVERY:
+                    last_commands = now
+                    self.carry_out_commands()
+                if now - last_publish >= PUBLISH_EVERY:
+                    last_publish = now
+                    await asyncio.to_thread(self.publish, self._board())
+            except Exception:
+                log.exception("the controller's relay failed; trying again")
+            await asyncio.sleep(INTAKE_EVERY)
+
+    def intake(self) -> int:
+        """Queue the jobs API processes have stored since the last look."""
+        received = self.service.store.with_status((Status.RECEIVED,))
+        self._taken &= {job.id for job in received}
+        taken = 0
+        for job in received:
+            if job.id in self._taken:
+                continue
+            self._taken.add(job.id)
+            if job.deployment not in self.service.deployments.deployments:
+                self.service.reject(job.id, (
+                    f"This server's controller does not serve {job.deployment}; its API "
+                    "and controller processes have different catalogs. Tell the operator."
+                ))
+                continue
+            self.service.accept(job)
+            taken += 1
+        return taken
+
+    def carry_out_commands(self) -> int:
+        from .controls import carry_out
+
+        query = select(commands).where(commands.c.done_at.is_(None)).order_by(commands.c.id)
+        with self.database.read() as db:
+            pending = list(db.execute(query).mappings())
+        for row in pending:
+            try:
+                args = json.loads(row["args"])
+                if not isinstance(args, dict):
+                    raise ValueError("arguments are not an object")
+                answer: dict = {"ok": carry_out(self.service, str(row["kind"]), args)}
+            except Refused as refusal:
+                answer = {"refused": [refusal.code, refusal.detail]}
+            except ValueError as error:
+                answer = {"refused": [400, f"Malformed command: {error}."]}
+            except Exception as error:
+                log.exception("command %s (%s) failed", row["id"], row["kind"])
+                answer = {"refused": [500, f"The controller failed to carry it out: {error}."]}
+            with self.database.write() as db:
+                db.execute(update(commands).where(commands.c.id == row["id"])
+                           .values(done_at=time.time(), result=json.dumps(answer)))
+        return len(pending)
+
+    def publish(self, board: dict) -> None:
+        now = time.time()
+        value = json.dumps(board, default=str)
+        with self.database.write() as db:
+            done = db.execute(update(shared_values).where(shared_values.c.name == BOARD)
+                              .values(value=value, updated_at=now))
+            if done.rowcount == 0:
+                db.execute(insert(shared_values).values(name=BOARD, value=value, updated_at=now))
+            db.execute(delete(commands).where(commands.c.done_at < now - KEEP_ANSWERS))
