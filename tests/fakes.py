@@ -136,3 +136,38 @@ class FakeFleet:
 
     def latest(self, name: str) -> FakeReplica:
         return [replica for replica in self.made if replica.name == name][-1]
+
+
+class FakeCluster(FakeFleet):
+    """A `FakeFleet` whose replicas land on nodes, as Ray places actors (`contract.PlacesOnNodes`).
+
+    A replica is placed when first asked about: on the node with the most free
+    memory that has room for what it reserves (`nodes.Need`) beside the
+    replicas placed and not stopped; it stays unplaced while none has.
+    """
+
+    def __init__(self, nodes) -> None:
+        super().__init__()
+        self._nodes = list(nodes)
+        self.where: dict = {}
+
+    def nodes(self):
+        return list(self._nodes)
+
+    def node_of(self, replica) -> Optional[str]:
+        from nnhost.deployments.nodes import Need
+
+        if replica in self.where or replica.stopped:
+            return self.where.get(replica)
+        need = Need.of(replica.needs)
+        free = {node.node_id: [node.memory, node.cpus, node.gpus] for node in self._nodes}
+        for other, node_id in self.where.items():
+            if not other.stopped and node_id in free:
+                held = Need.of(other.needs)
+                free[node_id] = [a - b for a, b in zip(free[node_id], (held.memory, held.cpus, held.gpus))]
+        room = [(left[0], node_id) for node_id, left in free.items()
+                if left[0] >= need.memory and left[1] >= need.cpus and left[2] >= need.gpus]
+        if not room:
+            return None
+        self.where[replica] = max(room, key=lambda pair: pair[0])[1]
+        return self.where[replica]

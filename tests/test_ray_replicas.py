@@ -4,7 +4,9 @@ A server started with ``--cluster HOST:PORT`` runs its model's replica as a
 Ray actor on one of two worker nodes; the unmodified nnsight client gets the
 same results as a local run. Removing the node that holds the replica in the
 middle of a job ends that job with an ERROR that says so; the replica comes
-back on the surviving node, and the next job succeeds.
+back on the surviving node, and the next job succeeds. /status reports each
+node's memory and what replicas hold there, and a model that no single node
+can hold is refused, however much the nodes have together.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 
 from compare import assert_identical
 from conftest import API_KEY, TEST_REPO
+from nnhost.deployments.sizing import tensor_bytes
 from nnhost.testing import ServerProcess
 from service_ray import ray_cluster  # noqa: F401  (the fixture)
 from test_accounts import as_client
@@ -70,6 +73,53 @@ def test_jobs_run_on_a_ray_node_with_local_results(ray_server, ray_cluster, remo
         logits = local_model.lm_head.output.save()
     for got in remote:
         assert_identical(got, (hidden, logits))
+
+
+class Answering(ServerProcess):
+    """A server that is up once /status answers (its model may rightly stay COLD)."""
+
+    def wait_running(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log_tail()
+            try:
+                if self.status()["deployments"]:
+                    return
+            except (httpx.HTTPError, KeyError, ValueError):
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(self.log_tail())
+
+
+def test_memory_is_budgeted_per_node_and_a_model_no_node_can_hold_is_refused(
+        ray_server, ray_cluster, root, server_hf_home, test_snapshot):  # noqa: F811
+    status = ray_server.status()
+    workers = [worker.node_id for worker in ray_cluster.workers]
+    nodes = status["nodes"]
+    assert set(workers) <= set(nodes)
+    held, size = replica_node(ray_server), status["deployments"][TEST_REPO]["size_bytes"]
+    other = next(node for node in workers if node != held)
+    assert nodes[held]["replicas"] == [TEST_REPO] and nodes[held]["used_bytes"] == size
+    assert nodes[other]["replicas"] == [] and nodes[other]["used_bytes"] == 0
+    assert status["devices"]["cpu"]["budget_bytes"] == sum(n["budget_bytes"] for n in nodes.values())
+
+    # A second server on the same cluster, its model sized past every node but not their sum.
+    room = sorted(nodes[node]["budget_bytes"] for node in workers)
+    tensors = sum(tensor_bytes(test_snapshot).values())
+    margin = (room[-1] + room[0] // 2) / tensors - 1
+    assert room[-1] < tensors * (1 + margin) < sum(room)
+    big = Answering([TEST_REPO], data_dir=root / "ray-big", hf_home=server_hf_home, api_key=API_KEY,
+                    extra_args=["--cluster", ray_cluster.address],
+                    env={"NNHOST_MEMORY_MARGIN": repr(margin)})
+    with big:
+        entry = big.status()["deployments"][TEST_REPO]
+        assert entry["deployment_level"] == "COLD" and "Left COLD at start" in entry["note"]
+        assert "on one Ray node" in entry["note"] and "no node has that: the largest" in entry["note"]
+        assert any(node[:12] in entry["note"] for node in workers), entry["note"]
+        refused = httpx.post(f"{big.url}/admin/deploy", json={"model": TEST_REPO, "level": "hot"},
+                             headers={"ndif-api-key": API_KEY}, timeout=30)
+        assert refused.status_code == 409 and "on one Ray node" in refused.json()["detail"]
+        assert set(workers) <= set(big.status()["nodes"])
 
 
 def test_losing_the_node_fails_its_job_and_the_replica_moves(ray_server, ray_cluster, remote_model, local_model):  # noqa: F811

@@ -44,10 +44,10 @@ ADA, BOB = Principal(1, "ada@example.org"), Principal(2, "bob@example.org")
 class World:
     """Every part the composition root builds, with fakes where the processes would be."""
 
-    def __init__(self, tmp_path, specs, budgets=None, results=None, **settings) -> None:
+    def __init__(self, tmp_path, specs, budgets=None, results=None, fleet=None, **settings) -> None:
         self.loop = asyncio.get_running_loop()
         self.settings = Settings(data_dir=tmp_path, **settings)
-        self.fleet = FakeFleet()
+        self.fleet = fleet or FakeFleet()
         self.connection = connect(tmp_path / "jobs.sqlite3")
         self.store = JobStore(self.connection)
         self.bus = LocalEventBus()

@@ -118,7 +118,8 @@ def build_controller(
         on_change=lambda name: service.on_change(name),
         has_work=lambda name: service.has_work(name),
         worker_environ=worker_environ(settings, catalog),
-        budgets=memory_budgets(settings, catalog),
+        # On a cluster, room is per node, from what Ray reports (deployments.nodes).
+        budgets=memory_budgets(settings, catalog) if not settings.cluster else {},
         replica_factory=replica_factory(settings),
         torch_threads=settings.torch_threads,
         kill_grace=settings.kill_grace,

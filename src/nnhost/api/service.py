@@ -54,6 +54,8 @@ async def ping() -> str:
 async def status(request: Request) -> dict:
     board = server_of(request).jobs.board()
     status = {"deployments": board["deployments"], "devices": board["devices"]}
+    if "nodes" in board:
+        status["nodes"] = board["nodes"]  # on a cluster: memory per node (deployments.nodes)
     if board.get("stale"):
         # No controller has reported lately (API processes without one): say so.
         status["controller"] = {"reporting": False,

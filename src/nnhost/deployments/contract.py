@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol, runtime_checkable
 
 from ..execution.events import JobEvent, JobSpec
 from ..execution.worker import WorkerOptions
@@ -101,3 +101,30 @@ class ReplicaFactory(Protocol):
         needs: dict[str, int],
     ) -> Replica:
         """``needs``: the bytes one replica holds on each device when HOT (where to place it)."""
+
+
+@dataclass(frozen=True)
+class NodeCapacity:
+    """What one machine of a cluster offers replicas in all, as the cluster's scheduler reports it."""
+
+    node_id: str
+    address: str
+    memory: int  # bytes of host memory replicas may reserve
+    cpus: float
+    gpus: float
+
+
+@runtime_checkable
+class PlacesOnNodes(Protocol):
+    """A `ReplicaFactory` whose replicas land on the nodes of a cluster, one node each.
+
+    The manager then keeps room per node (`nodes.NodeRoom`) instead of its own
+    per-device budgets, which describe only the machine it runs on. A factory
+    for this machine alone (`replica.LocalReplica`) does not have these.
+    """
+
+    def nodes(self) -> list[NodeCapacity]:
+        """The alive nodes (a recent view; never blocks on the cluster)."""
+
+    def node_of(self, replica: Replica) -> Optional[str]:
+        """The node ``replica`` runs on, None while the cluster is still placing it."""

@@ -13,7 +13,9 @@ plus a margin) on its device while HOT or being brought up, and in host memory
 least recently used deployment there with no queued or running work is
 demoted: to WARM when the device is not the host and the host has room, else
 to COLD. A deployment with work is never demoted. If nothing can make room the
-model waits, and says why.
+model waits, and says why. When the replica factory places replicas on a
+cluster's nodes, room is kept per node instead (`nodes.NodeRoom`): these
+budgets describe only this machine.
 
 Replica callbacks arrive on replica threads; the manager moves them onto the
 event loop, so everything above it is single-threaded. It decides placement;
@@ -33,7 +35,8 @@ from ..execution.worker import WorkerOptions
 from .catalog import Catalog, ModelKey, ModelSpec
 from .incidents import Tally
 from .scaling import Scaling
-from .contract import Level, Replica, ReplicaFactory, ReplicaStatus
+from .contract import Level, PlacesOnNodes, Replica, ReplicaFactory, ReplicaStatus
+from .nodes import NodeRoom
 from .sizing import threads_per_job
 
 OnJobEvent = Callable[[str, JobEvent], None]
@@ -154,7 +157,9 @@ class DeploymentManager(Scaling):
         self._environ = dict(worker_environ)
         self._torch_threads = threads_per_job(torch_threads, sum(spec.most_replicas for spec in catalog))
         self._kill_grace = kill_grace
-        self.budgets = dict(budgets)
+        #: Room per node when replicas land on a cluster's nodes; else this machine's budgets.
+        self.nodes = NodeRoom(replica_factory) if isinstance(replica_factory, PlacesOnNodes) else None
+        self.budgets = {} if self.nodes else dict(budgets)
         self.deployments: dict[str, Deployment] = {spec.name: Deployment(spec) for spec in catalog}
         #: When each replica last became free (for scaling down).
         self._idle_since: dict = {}
@@ -230,13 +235,14 @@ class DeploymentManager(Scaling):
         budget = self.budget(device)
         return budget is None or self.used(device, excluding) + size <= budget
 
-    def _victims(self, device: str, wanted: Deployment) -> list[Deployment]:
-        """Deployments that may be demoted to make room on ``device``, least recently used first."""
+    def _victims(self, device: Optional[str], wanted: Deployment) -> list[Deployment]:
+        """Deployments that may be demoted to make room on ``device`` (None: on any node the
+        cluster places on), least recently used first."""
         candidates = [
             d
             for d in self.deployments.values()
             if d is not wanted
-            and device in d.shares()
+            and (device in d.shares() if device else d.target != COLD)
             and not d.busy
             and not d.loading
             and not self._has_work(d.name)
@@ -247,6 +253,8 @@ class DeploymentManager(Scaling):
         """Demote idle deployments until ``wanted`` fits at ``level`` on every device it
         spans; None if it cannot yet. Returns a note of what was evicted (possibly empty).
         """
+        if self.nodes is not None:
+            return self.nodes.make_room(self, wanted)
         needs = wanted.shares(level)
         for device, size in needs.items():
             budget = self.budget(device)
@@ -270,6 +278,9 @@ class DeploymentManager(Scaling):
 
     def short_device(self, wanted: Deployment, level: Level) -> Optional[str]:
         """The first device ``wanted`` does not fit on at ``level``, if any."""
+        if self.nodes is not None:
+            self.nodes.check(wanted)  # raises CannotFit when no node ever could
+            return None if self.nodes.fits(self, wanted) else "every Ray node's"
         for device, size in wanted.shares(level).items():
             if not self._fits(device, size, wanted):
                 return device
@@ -284,6 +295,9 @@ class DeploymentManager(Scaling):
         if _RANK[deployment.target] >= _RANK[level] and not deployment.unhealthy:
             return deployment.note
         note = self.make_room(deployment, level)
+        if note is None and self.nodes is not None:
+            deployment.note = self.nodes.waiting_note(self, deployment)
+            return deployment.note
         if note is None:
             device = self.short_device(deployment, level) or "cpu"
             budget = self.budget(device) or 0
@@ -328,10 +342,13 @@ class DeploymentManager(Scaling):
             wanted = Level(deployment.spec.deploy.upper())
             if wanted == COLD:
                 continue
-            device = self.short_device(deployment, wanted)
+            try:
+                device = self.short_device(deployment, wanted)
+            except CannotFit as error:
+                device, deployment.note = "", f"Left COLD at start: {error}"
             if device is None:
                 self.set_level(deployment.name, wanted, note=f"Deploying {deployment.name}")
-            else:
+            elif device:
                 deployment.note = f"Left COLD at start: {device} budget is full."
 
     def stop(self) -> None:

@@ -14,6 +14,11 @@ its COMPLETED event and is written where the job service expects it. If the
 actor or its node is lost, the running job fails with an ERROR that says so,
 the loss is counted as a worker restart, and a new actor is asked for: Ray
 places it on a node that is still there.
+
+`RayReplicas` also tells the manager what each alive node offers (from
+``ray.nodes()``, re-read by a thread of its own every few seconds, so the
+event loop never waits on the cluster) and which node each replica landed on,
+so that memory is budgeted per node (`nodes.NodeRoom`).
 """
 
 from __future__ import annotations
@@ -27,14 +32,18 @@ from typing import Optional
 
 from ..execution.events import JobEvent, JobSpec
 from ..execution.worker import WorkerOptions
-from .contract import OnIdle, OnIncident, OnJobEvent, OnState, ReplicaState, ReplicaStatus
+from .contract import (NodeCapacity, OnIdle, OnIncident, OnJobEvent, OnState, Replica,
+                       ReplicaState, ReplicaStatus)
 from .incidents import Incident
+from .nodes import Need
 
 log = logging.getLogger("nnhost.ray")
 
 POLL_SECONDS = 2.0
 CALL_TIMEOUT = 60.0
 RESTART_DELAY = 1.0
+#: How often the nodes' capacities are read again.
+NODES_SECONDS = 5.0
 
 
 class RayReplicas:
@@ -47,6 +56,23 @@ class RayReplicas:
             ray.init(address=address, namespace=namespace, log_to_driver=False,
                      ignore_reinit_error=True)
         self._actor_class = ray.remote(_host_class())
+        self._nodes = read_nodes()
+        threading.Thread(target=self._watch_nodes, name="ray-nodes", daemon=True).start()
+
+    def nodes(self) -> list[NodeCapacity]:
+        return self._nodes
+
+    def node_of(self, replica: Replica) -> Optional[str]:
+        node = getattr(replica, "node", None) or {}
+        return node.get("node_id")
+
+    def _watch_nodes(self) -> None:
+        while True:
+            time.sleep(NODES_SECONDS)
+            try:
+                self._nodes = read_nodes()
+            except Exception as error:  # keep the last view; the cluster may come back
+                log.warning("could not read the Ray cluster's nodes: %s", error)
 
     def __call__(self, name: str, options: WorkerOptions, *, on_job_event: OnJobEvent,
                  on_state: OnState, on_idle: OnIdle, on_incident: OnIncident,
@@ -62,16 +88,33 @@ def _host_class():
     return ReplicaHost
 
 
+def read_nodes() -> list[NodeCapacity]:
+    """Each alive node and its resources in all, as ``ray.nodes()`` reports them."""
+    import ray
+
+    found = []
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        resources = node.get("Resources") or {}
+        found.append(NodeCapacity(
+            node_id=str(node.get("NodeID", "")), address=str(node.get("NodeManagerAddress", "")),
+            memory=int(resources.get("memory", 0)), cpus=float(resources.get("CPU", 0)),
+            gpus=float(resources.get("GPU", 0)),
+        ))
+    return found
+
+
 def resources_for(needs: dict[str, int]) -> dict:
     """What to ask Ray for: a GPU per CUDA device one replica spans (all on one node, as
-    ``device_map`` needs), and the host memory it holds; one CPU for its processes."""
-    gpus = sum(1 for device in needs if device.startswith("cuda"))
-    wanted: dict = {"num_cpus": 1}
-    if gpus:
-        wanted["num_gpus"] = gpus
-    host = needs.get("cpu", 0)
-    if host:
-        wanted["memory"] = int(host)
+    ``device_map`` needs), and the host memory it holds; one CPU for its processes
+    (`nodes.Need`, which the manager budgets each node with)."""
+    need = Need.of(needs)
+    wanted: dict = {"num_cpus": need.cpus}
+    if need.gpus:
+        wanted["num_gpus"] = need.gpus
+    if need.memory:
+        wanted["memory"] = need.memory
     return wanted
 
 
@@ -119,6 +162,7 @@ class RayReplica:
             self._stopping = False
             self._generation += 1
             generation = self._generation
+            self.node = {}  # placed anew
             wanted = resources_for(self._needs)
             self._actor = self._actor_class.options(max_concurrency=8, **wanted).remote(
                 self.name, asdict(self.options), self._kill_grace)

@@ -3,8 +3,8 @@
 A catalog entry's ``replicas`` is the minimum a HOT deployment keeps and
 ``max_replicas`` (default: the same) the most it may grow to. When jobs wait
 for a deployment that has no free replica and none still loading, one more
-replica is started, if its share fits every device's budget beside what is
-already placed there: growing never demotes another model (only a model that
+replica is started, if its share fits every device's budget (on a cluster:
+some node's room) beside what is already placed there: growing never demotes another model (only a model that
 must become HOT at all does that). A replica beyond the minimum that has been
 idle for ``scale_down_after`` seconds is stopped, one at a time.
 
@@ -45,6 +45,8 @@ class Scaling:
             return None  # one is on its way: let it take the queue first
         if deployment.idle_replica() is not None:
             return None
+        if self.nodes is not None and not self.nodes.fits(self, deployment, extra=True):
+            return None  # no node has room for one more beside what is placed
         for device, share in spec.hot_shares().items():
             budget = self.budget(device)
             if budget is not None and self.used(device) + share > budget:

@@ -15,6 +15,7 @@ from typing import Callable, Optional
 
 from ..deployments.contract import ReplicaStatus
 from ..deployments.manager import Deployment
+from ..deployments.nodes import memory_report
 from .service import JobService
 
 #: Per model, what the recent-jobs history adds (median wait and run, counts).
@@ -85,8 +86,8 @@ def board(service: JobService, summaries: Optional[Summaries] = None,
         "draining": service.draining,
         "models": models,
         "deployments": status,
-        "devices": {device: {"budget_bytes": budget, "used_bytes": manager.used(device)}
-                    for device, budget in manager.budgets.items()},
+        # this machine's budgets; on a cluster the nodes' sum, and "nodes", each node's own
+        **memory_report(manager),
         "per_minute": per_minute or [],
         "generated_at": time.time(),
     }
