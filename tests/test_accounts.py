@@ -24,7 +24,7 @@ import pytest
 from compare import assert_same
 from conftest import API_KEY, TEST_REPO
 from nnhost.auth.access import settings_problem
-from nnhost.auth.cli import parse_expiry
+from nnhost.cli.people import parse_expiry
 from nnhost.auth.limits import (
     FailureCounter,
     LimitPolicy,

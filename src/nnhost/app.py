@@ -213,8 +213,7 @@ def build_result_store(settings: Settings) -> tuple[ResultStore, LinkSigner]:
 
 
 def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
-    from .api import accounts as account_pages
-    from .api import admin, admin_page, hub, protocol, service, status_page
+    from .api import account_pages, admin, admin_page, hub, ops, protocol, status_page
     from .api.middleware import RequestIds
     from .controller import build_controller, run_controller
 
@@ -287,7 +286,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
             server.metrics.http.labels(method, route, code).inc()
 
     app.add_middleware(RequestIds, count=count_response)
-    app.include_router(service.router)
+    app.include_router(ops.router)
     if role == "controller":
         return app  # no requests, pages or results: those are the API processes'
     app.include_router(protocol.router)

@@ -39,7 +39,7 @@ def _call(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> An
 
 
 def _gib(size: Any) -> str:
-    from .units import format_size
+    from ..units import format_size
 
     return "-" if not size else format_size(size)
 

@@ -17,11 +17,11 @@ import sys
 import time
 from typing import Iterator, Optional, Sequence
 
-from .invites import InviteStore
-from .keys import LOCAL_ADMIN_EMAIL as ADMIN_EMAIL
-from .keys import KeyStore, UserExists, normalize_tags
+from ..auth.invites import InviteStore
+from ..auth.keys import LOCAL_ADMIN_EMAIL as ADMIN_EMAIL
+from ..auth.keys import KeyStore, UserExists, normalize_tags
 from ..units import parse_duration
-from .passwords import hash_password, password_problem
+from ..auth.passwords import hash_password, password_problem
 
 
 
@@ -157,7 +157,7 @@ def _users_list(args: argparse.Namespace) -> int:
 
 
 def _set_disabled(args: argparse.Namespace, disabled: bool) -> int:
-    from .sessions import SessionStore
+    from ..auth.sessions import SessionStore
 
     with _database(args) as connection:
         keys = KeyStore(connection)

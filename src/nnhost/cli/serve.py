@@ -1,17 +1,17 @@
-"""The ``nnhost`` command: serve models, build the demo model.
+"""``nnhost serve`` and ``nnhost demo-model``: check the settings, then run the server.
 
-``nnhost serve MODEL_ID ...`` runs the API process and one worker process per
-model; ``nnhost serve --demo`` builds (once) and serves the offline demo model.
+Everything an operator can get wrong (settings, the database, the result
+store, an unreachable Redis, a role without a shared bus) is found here and
+reported in one line, with exit status 2, before anything starts serving.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 
 def _print_welcome(url: str, key_line: str, example: str, catalog, settings) -> None:
@@ -31,8 +31,8 @@ def _print_welcome(url: str, key_line: str, example: str, catalog, settings) -> 
     )
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from .config import load_settings
+def serve_command(args: argparse.Namespace) -> int:
+    from ..config import load_settings
 
     settings = load_settings(
         {
@@ -61,7 +61,7 @@ def _serve(args: argparse.Namespace) -> int:
         },
         Path(args.config) if args.config else None,
     )
-    from .auth.access import settings_problem
+    from ..auth.access import settings_problem
 
     problem = settings_problem(settings)
     if problem:
@@ -80,17 +80,17 @@ def _serve(args: argparse.Namespace) -> int:
         if problem:
             print(f"nnhost serve: events = {settings.events!r}: {problem}", file=sys.stderr)
             return 2
-    from .telemetry.logs import configure
+    from ..telemetry.logs import configure
 
     configure(settings.log_format, args.log_level)
     # Workers, the Hub mirror and the demo builder must agree on one model cache.
     os.environ.setdefault("HF_HOME", str(settings.hf_home))
 
-    from .app import build_catalog, create_app, parse_model, prepare_admin_key
+    from ..app import build_catalog, create_app, parse_model, prepare_admin_key
 
     specs = [parse_model(text) for text in settings.models]
     if settings.demo:
-        from .models.demo import DEMO_REPO_ID, build_demo_model
+        from ..models.demo import DEMO_REPO_ID, build_demo_model
 
         print(f"Preparing the demo model {DEMO_REPO_ID} ...", flush=True)
         build_demo_model(settings.hf_home, progress=lambda line: print(f"  {line}", flush=True))
@@ -112,8 +112,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from .db import DatabaseError
-    from .storage.results import ResultStoreError
+    from ..db import DatabaseError
+    from ..storage.results import ResultStoreError
 
     try:
         app = create_app(settings, catalog)
@@ -170,114 +170,11 @@ def _unreachable(url: str) -> Optional[str]:
     return None
 
 
-def _demo_model(args: argparse.Namespace) -> int:
-    from .config import load_settings
-    from .models.demo import DEMO_REPO_ID, build_demo_model
+def demo_model(args: argparse.Namespace) -> int:
+    from ..config import load_settings
+    from ..models.demo import DEMO_REPO_ID, build_demo_model
 
     settings = load_settings({"data_dir": args.data_dir})
     snapshot = build_demo_model(settings.hf_home, progress=lambda line: print(line, flush=True))
     print(f"{DEMO_REPO_ID} is ready at {snapshot}")
     return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nnhost", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    serve = commands.add_parser("serve", help="Run the server.")
-    serve.add_argument("models", nargs="*", metavar="MODEL_ID", help="org/name[@revision] to serve")
-    serve.add_argument("--demo", action="store_true", help="build and serve the offline demo model")
-    serve.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=None, help="port (default 8001)")
-    serve.add_argument("--data-dir", default=None, help="database, results and model cache")
-    serve.add_argument(
-        "--database", default=None, metavar="URL",
-        help="sqlite:///PATH or postgresql://USER:PASSWORD@HOST/NAME (default DATA_DIR/nnhost.sqlite3)",
-    )
-    serve.add_argument("--config", default=None, help="a TOML file (default DATA_DIR/nnhost.toml)")
-    serve.add_argument("--api-key", default=None, help="accept this key for the admin user")
-    serve.add_argument(
-        "--time-limit", default=None, help="how long one request may run: seconds, or e.g. 30m"
-    )
-    serve.add_argument(
-        "--kill-grace", default=None, help="seconds past the limit before a kill"
-    )
-    serve.add_argument("--public-url", default=None, help="base URL clients reach us at")
-    serve.add_argument("--torch-threads", type=int, default=None, help="threads per worker")
-    serve.add_argument(
-        "--auth", default=None, choices=["keys", "none"],
-        help="'none': no API keys, every request is the local admin (loopback only)",
-    )
-    serve.add_argument(
-        "--allow-insecure", action="store_true", help="allow --auth none on a non-loopback address"
-    )
-    serve.add_argument(
-        "--signup", default=None, choices=["open", "invite", "closed"],
-        help="who may make an account on the web pages (default open)",
-    )
-    serve.add_argument(
-        "--memory-budget",
-        action="append",
-        default=[],
-        metavar="DEVICE=SIZE",
-        help="memory HOT models may use on a device, e.g. cpu=8GiB (repeatable)",
-    )
-    serve.add_argument(
-        "--forwarded-allow-ips",
-        default=None,
-        metavar="ADDRESSES",
-        help="proxies whose X-Forwarded-For is believed, comma-separated (default none)",
-    )
-    serve.add_argument(
-        "--results", default=None, metavar="DIR|s3://BUCKET[/PREFIX]",
-        help="where results are kept (default DATA_DIR/results)",
-    )
-    serve.add_argument(
-        "--results-endpoint", default=None, metavar="URL",
-        help="an S3-compatible endpoint for s3:// results (default AWS)",
-    )
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    serve.add_argument("--cluster", default=None, metavar="ADDRESS",
-                       help="run replicas on a Ray cluster: auto, or its address (HOST:PORT)")
-    serve.add_argument("--events", default=None, metavar="URL",
-                       help="carry job updates over Redis (redis://HOST:PORT) for several API processes")
-    serve.add_argument(
-        "--role", default=None, choices=["all", "api", "controller"],
-        help="all (default): one process; api: requests and websockets only; controller: "
-             "the queue and the replicas (one acts, others stand by); api and controller "
-             "processes share --database, --events and --results",
-    )
-    serve.add_argument("--log-format", default=None, choices=["text", "json"],
-                       help="server log lines: text (default) or one JSON object per line")
-    serve.set_defaults(run=_serve)
-
-    demo = commands.add_parser("demo-model", help="Build the offline demo model into the cache.")
-    demo.add_argument("--data-dir", default=None)
-    demo.set_defaults(run=_demo_model)
-
-    from .operator_cli import register as register_operator_commands
-
-    register_operator_commands(commands)
-
-    from .auth.cli import register as register_account_commands
-
-    register_account_commands(commands)  # users, keys, invites
-    return parser
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    args = build_parser().parse_args(argv)
-    from .config import SettingsError
-
-    try:
-        return args.run(args)
-    except SettingsError as error:
-        # The operator's mistake, not ours: the message, no traceback.
-        for line in str(error).splitlines():
-            print(f"nnhost {args.command}: {line}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
