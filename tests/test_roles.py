@@ -1,10 +1,12 @@
 """Separate API and controller processes, as a cluster runs them, on loopback.
 
 Two ``--role api`` processes and a ``--role controller`` share one PostgreSQL,
-one Redis and one result directory, all started by the suite. A load balancer
+one Redis and one result store (a shared directory, then moto's S3 server),
+all started by the suite. A load balancer
 of the test's own sends the client's websocket to one API process and its HTTP
 requests to the other: the unmodified nnsight client still gets every update
-and a result equal to a local run. Then the controller is killed with SIGKILL:
+and a result equal to a local run, for every program of `parity_programs`
+(sessions, generation, gradients, code shipped by value). Then the controller is killed with SIGKILL:
 a standby controller takes over, the jobs that were queued run (once), and the
 one that was running ends with an ERROR saying it may have run.
 """
@@ -21,6 +23,8 @@ from sqlalchemy import create_engine, text
 from balancer import Balancer, websockets_to_first
 from compare import assert_identical
 from conftest import API_KEY, TEST_REPO
+from moto_s3 import CREDENTIALS, S3Endpoint
+from parity_programs import PROGRAMS
 from nnhost.testing import ServerProcess
 from service_redis import redis_server  # noqa: F401  (the fixture)
 
@@ -28,23 +32,24 @@ PROMPT = "The Eiffel Tower is in the city of"
 HEADERS = {"ndif-api-key": API_KEY}
 
 
-def _process(root, hf_home, name, role, database, redis_url, results, *extra):
-    return ServerProcess(
-        [TEST_REPO], data_dir=root / f"roles-{name}", hf_home=hf_home, api_key=API_KEY,
-        extra_args=["--role", role, "--database", database, "--events", redis_url,
-                    "--results", str(results), *extra],
-    )
-
-
-@pytest.fixture(scope="module")
-def cluster(root, server_hf_home, test_snapshot, server, postgres, redis_server):  # noqa: F811
+@pytest.fixture(scope="module", params=["directory", "s3"])
+def cluster(request, root, server_hf_home, test_snapshot, server, postgres, redis_server):  # noqa: F811
     database = postgres.new_database()
-    results = root / "roles-shared-results"
+    store, env, endpoint = ["--results", str(root / "roles-shared-results")], {}, None
+    if request.param == "s3":
+        endpoint = S3Endpoint().start()
+        endpoint.bucket("roles")
+        store = ["--results", "s3://roles/runs", "--results-endpoint", endpoint.url]
+        env = dict(CREDENTIALS)
     started = []
 
     def start(name, role, *extra):
-        process = _process(root, server_hf_home, name, role, database, redis_server.url,
-                           results, *extra)
+        process = ServerProcess(
+            [TEST_REPO], data_dir=root / f"roles-{request.param}-{name}", hf_home=server_hf_home,
+            api_key=API_KEY, env=env,
+            extra_args=["--role", role, "--database", database, "--events", redis_server.url,
+                        *store, *extra],
+        )
         started.append(process)
         return process.start()
 
@@ -57,6 +62,8 @@ def cluster(root, server_hf_home, test_snapshot, server, postgres, redis_server)
     balancer.stop()
     for process in reversed(started):
         process.stop()
+    if endpoint is not None:
+        endpoint.stop()
 
 
 def _on(url: str):
@@ -104,6 +111,13 @@ def test_api_processes_share_the_work_with_results_equal_to_local(cluster, remot
     # The controller serves no requests of its own.
     refused = httpx.post(f"{cluster['controller'].url}/request", headers=HEADERS, timeout=10)
     assert refused.status_code == 404
+
+
+@pytest.mark.parametrize("name,program", PROGRAMS, ids=[name for name, _ in PROGRAMS])
+def test_every_parity_program_runs_through_the_split_cluster(
+    name, program, cluster, remote_model, local_model
+):
+    assert_identical(program(remote_model, cluster["balancer"].url), program(local_model, False))
 
 
 def _submit(model, url, seconds: float, tag: str):
