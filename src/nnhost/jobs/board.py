@@ -16,6 +16,7 @@ from typing import Callable, Optional
 from ..deployments.contract import ReplicaStatus
 from ..deployments.manager import Deployment
 from ..deployments.nodes import memory_report
+from ..deployments.report import status_entries
 from .service import JobService
 
 #: Per model, what the recent-jobs history adds (median wait and run, counts).
@@ -79,7 +80,7 @@ def board(service: JobService, summaries: Optional[Summaries] = None,
             "description": _description(deployment),
             "note": deployment.note,
         })
-    status = manager.status()
+    status = status_entries(manager)
     for entry in status.values():
         entry["queued"] = scheduler.waiting(entry["deployment"])
     return {
