@@ -238,7 +238,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
         await bus.start()
         spool = BlobDir(settings.data_dir / "payloads", ".payload")
         payloads = spool if role == "all" else DatabasePayloads(database, spool)
-        front = JobFront(store, bus, payloads, catalog, link=DatabaseLink(database))
+        front = JobFront(store, bus, payloads, catalog, link=DatabaseLink(database, bus))
         metrics = Metrics(front.board, lambda: len(bus), [spec.name for spec in catalog])
         front.observers.add(metrics.jobs)
         server = Server(settings, catalog, keys, bus, results, signer, front,

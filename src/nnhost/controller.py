@@ -148,7 +148,8 @@ async def run_controller(
     controller = build()
     on_acting(controller)
     taken = controller.start()
-    relay = Relay(controller.service, database, controller.board, taken=taken)
+    relay = Relay(controller.service, database, controller.board, taken=taken,
+                  bus=controller.service.bus)
     relaying = asyncio.create_task(relay.run())
     try:
         while True:

@@ -56,6 +56,10 @@ class EventBus(Protocol):
     def publish(self, session_id: str, frame: Frame) -> None:
         """Queue ``frame`` for the session, after every frame published to it before."""
 
+    async def listen(self, name: str) -> Session:
+        """Receive what is published to ``name`` from any process (the controller's wake-up
+        call). Not a user's session: `owner` never returns it, so no job can name it."""
+
     def __len__(self) -> int:
         """Sessions held by this process."""
 
@@ -65,6 +69,7 @@ class LocalEventBus:
 
     def __init__(self) -> None:
         self._sessions: dict[str, Session] = {}
+        self._listeners: dict[str, Session] = {}
 
     async def start(self) -> None:
         pass
@@ -84,9 +89,13 @@ class LocalEventBus:
         return self._sessions.get(session_id)
 
     def publish(self, session_id: str, frame: Frame) -> None:
-        session = self._sessions.get(session_id)
+        session = self._sessions.get(session_id) or self._listeners.get(session_id)
         if session is not None:
             session.queue.put_nowait(frame)
+
+    async def listen(self, name: str) -> Session:
+        listener = self._listeners[name] = Session(name, None)
+        return listener
 
     def __len__(self) -> int:
         return len(self._sessions)

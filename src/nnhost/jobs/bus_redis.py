@@ -57,6 +57,7 @@ class RedisEventBus:
         self._redis = aioredis.from_url(url)
         self._pubsub = None
         self._sessions: dict[str, Session] = {}
+        self._listeners: dict[str, Session] = {}
         self._confirmed: dict[str, asyncio.Future] = {}
         self._outgoing: "asyncio.Queue[tuple[str, bytes]]" = asyncio.Queue()
         self._tasks: list[asyncio.Task] = []
@@ -126,8 +127,15 @@ class RedisEventBus:
             return None
         return Session(session_id, user_id)
 
+    async def listen(self, name: str) -> Session:
+        listener = self._listeners[name] = Session(name, None)
+        channel = self._channel(name)
+        await self._subscribe(channel)
+        await self._confirmation(channel)
+        return listener
+
     def publish(self, session_id: str, frame: Frame) -> None:
-        local = self._sessions.get(session_id)
+        local = self._sessions.get(session_id) or self._listeners.get(session_id)
         if local is not None:
             local.queue.put_nowait(frame)
         else:
@@ -171,7 +179,8 @@ class RedisEventBus:
                 continue
             if message.get("type") != "message" or not channel.startswith(prefix):
                 continue
-            session = self._sessions.get(channel[len(prefix):])
+            name = channel[len(prefix):]
+            session = self._sessions.get(name) or self._listeners.get(name)
             data = message.get("data")
             frame = decode(data) if isinstance(data, bytes) else None
             if session is not None and frame is not None:

@@ -6,8 +6,10 @@ calls the controller's `JobService` directly, on the same event loop.
 With separate processes (``role = "api"`` and ``"controller"``), they share
 only the database (and the event bus, for the websockets' updates):
 
-- An API process stores a job as RECEIVED with its payload; the controller's
-  `Relay` finds new RECEIVED jobs every `INTAKE_EVERY` seconds and queues them.
+- An API process stores a job as RECEIVED with its payload and calls the
+  controller on the event bus (`WAKE`); the controller's `Relay` then looks for
+  new RECEIVED jobs and queues them. It also looks every `INTAKE_EVERY`
+  seconds, so a lost call only delays a job.
 - Cancelling, deploying and evicting are rows of ``commands``, which the
   controller carries out (`controls`) and answers in the same row; an API
   process waits up to `ANSWER_WITHIN` seconds for the answer (`DatabaseLink`).
@@ -33,14 +35,18 @@ from sqlalchemy import delete, insert, select, update
 
 from ..db import Database
 from ..db.tables import commands, shared_values
+from .bus import EventBus
 from .front import Refused
 from .job import Job, Status
 from .service import JobService
 
 log = logging.getLogger("nnhost.relay")
 
-INTAKE_EVERY = 0.05
-COMMANDS_EVERY = 0.1
+INTAKE_EVERY = 0.25
+#: How often an API process looks for the controller's answer to its command.
+ANSWER_POLL = 0.05
+#: The bus name the controller listens on for "something new is in the database".
+WAKE = "nnhost-controller-wake"
 PUBLISH_EVERY = 1.0
 STALE_AFTER = 10.0
 ANSWER_WITHIN = 15.0
@@ -88,28 +94,35 @@ def _answer(raw: Optional[str]) -> dict:
 class DatabaseLink:
     """The controller is another process: commands and its board go through the database."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, bus: Optional[EventBus] = None) -> None:
         self.database = database
+        self.bus = bus
         self._board: Optional[dict] = None
         self._board_read = 0.0
 
+    def _wake(self) -> None:
+        if self.bus is not None:
+            self.bus.publish(WAKE, "new")
+
     def accepted(self, job: Job) -> None:
-        pass  # the controller finds RECEIVED jobs itself (`Relay.intake`)
+        self._wake()  # the controller also looks by itself (`Relay.intake`)
 
     async def cancel(self, job: Job) -> bool:
         # Recorded, not awaited: the controller cancels it as soon as it reads the row,
         # and a job that ends first is simply not cancelled.
         await asyncio.to_thread(self._send, "cancel", {"job_id": job.id})
+        self._wake()
         return True
 
     async def command(self, kind: str, **args: Any) -> dict:
         command_id = await asyncio.to_thread(self._send, kind, args)
+        self._wake()
         deadline = time.monotonic() + ANSWER_WITHIN
         while time.monotonic() < deadline:
             raw = await asyncio.to_thread(self._result, command_id)
             if raw is not None:
                 return _answer(raw)
-            await asyncio.sleep(COMMANDS_EVERY)
+            await asyncio.sleep(ANSWER_POLL)
         raise Refused(
             503,
             f"The controller did not answer within {ANSWER_WITHIN:.0f}s (is one running? "
@@ -164,28 +177,36 @@ class Relay:
     """The controller's side: take new jobs and commands, publish the board."""
 
     def __init__(self, service: JobService, database: Database, board: Callable[[], dict],
-                 taken: Optional[set[str]] = None) -> None:
+                 taken: Optional[set[str]] = None, bus: Optional[EventBus] = None) -> None:
         self.service = service
         self.database = database
         self._board = board
         #: RECEIVED jobs already queued (recovery's, and the ones intake found).
         self._taken = set(taken or ())
+        self.bus = bus
 
     async def run(self) -> None:
-        last_commands = last_publish = 0.0
+        last_publish = 0.0
+        wake = await self.bus.listen(WAKE) if self.bus is not None else None
         while True:
             try:
                 self.intake()
+                self.carry_out_commands()
                 now = time.monotonic()
-                if now - last_commands >= COMMANDS_EVERY:
-                    last_commands = now
-                    self.carry_out_commands()
                 if now - last_publish >= PUBLISH_EVERY:
                     last_publish = now
                     await asyncio.to_thread(self.publish, self._board())
             except Exception:
                 log.exception("the controller's relay failed; trying again")
-            await asyncio.sleep(INTAKE_EVERY)
+            if wake is None:
+                await asyncio.sleep(INTAKE_EVERY)
+                continue
+            try:
+                await asyncio.wait_for(wake.next(), INTAKE_EVERY)
+            except asyncio.TimeoutError:
+                pass
+            while not wake.queue.empty():  # one look serves every call made meanwhile
+                wake.queue.get_nowait()
 
     def intake(self) -> int:
         """Queue the jobs API processes have stored since the last look."""
