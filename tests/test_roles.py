@@ -198,3 +198,18 @@ def test_a_standby_controller_takes_over_a_killed_one_and_runs_each_job_once(
                 assert len(lines) == 1, (backend.job_id, lines)
     finally:
         engine.dispose()
+
+
+def test_a_split_role_without_a_shared_bus_is_refused_saying_why(root, server_hf_home, test_snapshot):
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-m", "nnhost.cli", "serve", TEST_REPO, "--role", "api",
+         "--data-dir", str(root / "roles-no-bus")],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "HF_HOME": str(server_hf_home), "HF_HUB_OFFLINE": "1"},
+    )
+    assert run.returncode == 2
+    assert "--role api needs --events redis://" in run.stderr
