@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from ..execution.events import JobEvent, JobSpec
 from ..units import format_size
@@ -137,7 +137,7 @@ class DeploymentManager(Scaling):
         on_job_event: OnJobEvent,
         on_change: OnChange,
         has_work: HasWork,
-        worker_environ: dict,
+        worker_environ: dict[str, str],
         budgets: dict[str, int],
         replica_factory: ReplicaFactory,
         torch_threads: int = 0,
@@ -157,11 +157,11 @@ class DeploymentManager(Scaling):
         self.budgets = dict(budgets)
         self.deployments: dict[str, Deployment] = {spec.name: Deployment(spec) for spec in catalog}
         #: When each replica last became free (for scaling down).
-        self._idle_since: dict = {}
+        self._idle_since: dict[Replica, float] = {}
 
     # -- callbacks from replica threads ------------------------------------------
 
-    def _hop(self, function: Callable, *args) -> None:
+    def _hop(self, function: Callable[..., object], *args: Any) -> None:
         try:
             self._loop.call_soon_threadsafe(function, *args)
         except RuntimeError:
@@ -178,7 +178,7 @@ class DeploymentManager(Scaling):
             device=self._placement(spec, level),
             home_device=spec.device,
         )
-        made: list = []
+        made: list[Replica] = []
         replica = self._make_replica(
             name,
             options,
@@ -353,7 +353,7 @@ class DeploymentManager(Scaling):
 
     # -- reporting ---------------------------------------------------------------------
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, dict[str, Any]]:
         """``/status``'s ``deployments``: one entry per replica (one COLD entry when none)."""
         entries = {}
         for deployment in self.deployments.values():

@@ -16,20 +16,36 @@ job runs.
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from .contract import ReplicaStatus
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from .contract import Level, Replica
+    from .manager import Deployment, HasWork, OnChange
 
 
 class Scaling:
     #: Seconds an extra replica may stay idle before it is stopped.
     scale_down_after: float = 300.0
 
-    def _note_idle(self, name: str, replica) -> None:
+    # What DeploymentManager provides, declared so that the code here is checked against it.
+    deployments: dict[str, Deployment]
+    _idle_since: dict[Replica, float]
+    _loop: asyncio.AbstractEventLoop
+    _on_change: OnChange
+    _has_work: HasWork
+    budget: Callable[[str], Optional[int]]
+    used: Callable[[str], int]
+    _replica: Callable[[Deployment, int, Level], Replica]
+
+    def _note_idle(self, name: str, replica: Replica) -> None:
         self._idle_since[replica] = time.monotonic()
         self._on_change(name)
 
-    def _note_busy(self, replica) -> None:
+    def _note_busy(self, replica: Replica) -> None:
         self._idle_since.pop(replica, None)
 
     def grow(self, name: str, waiting: int) -> Optional[str]:
