@@ -24,12 +24,15 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..execution.events import JobEvent, JobSpec
 from ..execution.worker import WorkerOptions
 from .contract import OnIdle, OnIncident, OnJobEvent, OnState, ReplicaState, ReplicaStatus
 from .incidents import Incident
+
+if TYPE_CHECKING:
+    from .ray_host import ReplicaHost
 
 log = logging.getLogger("nnhost.ray")
 
@@ -57,17 +60,17 @@ class RayReplicas:
                           kill_grace=kill_grace, needs=needs)
 
 
-def _host_class():
+def _host_class() -> type[ReplicaHost]:
     from .ray_host import ReplicaHost
 
     return ReplicaHost
 
 
-def resources_for(needs: dict[str, int]) -> dict:
+def resources_for(needs: dict[str, int]) -> dict[str, int]:
     """What to ask Ray for: a GPU per CUDA device one replica spans (all on one node, as
     ``device_map`` needs), and the host memory it holds; one CPU for its processes."""
     gpus = sum(1 for device in needs if device.startswith("cuda"))
-    wanted: dict = {"num_cpus": 1}
+    wanted: dict[str, int] = {"num_cpus": 1}
     if gpus:
         wanted["num_gpus"] = gpus
     host = needs.get("cpu", 0)
@@ -76,10 +79,12 @@ def resources_for(needs: dict[str, int]) -> dict:
     return wanted
 
 
+# An actor class and its handles are Any here: their methods' ``.remote`` are made at
+# run time, and ray's annotations type them only for methods decorated @ray.method.
 class RayReplica:
-    def __init__(self, name: str, options: WorkerOptions, actor_class, *, on_job_event: OnJobEvent,
+    def __init__(self, name: str, options: WorkerOptions, actor_class: Any, *, on_job_event: OnJobEvent,
                  on_state: OnState, on_idle: OnIdle, on_incident: OnIncident,
-                 kill_grace: float, needs: Optional[dict] = None) -> None:
+                 kill_grace: float, needs: Optional[dict[str, int]] = None) -> None:
         self.name = name
         self.options = options
         self._actor_class = actor_class
@@ -88,14 +93,14 @@ class RayReplica:
         self._kill_grace = kill_grace
         self._needs = dict(needs or {})
         self._lock = threading.RLock()
-        self._actor = None
+        self._actor: Any = None
         self._generation = 0
         self._state = ReplicaState(ReplicaStatus.NOT_STARTED, "Not started.")
         self._current: Optional[JobSpec] = None
         self._remote_accepting = False
         self._stopping = False
         #: Where the actor runs, for /status and the operator.
-        self.node: dict = {}
+        self.node: dict[str, Any] = {}
 
     # -- the Replica contract ---------------------------------------------------------------
 
@@ -138,7 +143,7 @@ class RayReplica:
         threading.Thread(target=self._send, args=(actor, spec), name=f"ray-send-{self.name}",
                          daemon=True).start()
 
-    def _send(self, actor, spec: JobSpec) -> None:
+    def _send(self, actor: Any, spec: JobSpec) -> None:
         import ray
 
         wire = {key: value for key, value in asdict(spec).items()
@@ -190,7 +195,7 @@ class RayReplica:
 
     # -- what the actor reports -------------------------------------------------------------
 
-    def _collect(self, actor, generation: int) -> None:
+    def _collect(self, actor: Any, generation: int) -> None:
         import ray
 
         cursor = 0
@@ -212,11 +217,11 @@ class RayReplica:
             for item in items:  # exactly those after the previous cursor
                 self._take(item)
 
-    def _take(self, item: dict) -> None:
+    def _take(self, item: dict[str, Any]) -> None:
         kind = item.get("kind")
         if kind == "state":
             try:
-                state = ReplicaStatus(item.get("state"))
+                state = ReplicaStatus(item.get("state", ""))  # missing: refused like an unknown one
             except ValueError:
                 return
             where = (f" On Ray node {self.node.get('node_id', '?')} ({self.node.get('address', '?')})."
@@ -234,7 +239,7 @@ class RayReplica:
         elif kind == "job":
             self._job(item)
 
-    def _job(self, item: dict) -> None:
+    def _job(self, item: dict[str, Any]) -> None:
         try:
             event = JobEvent.from_dict(item["event"])
         except (KeyError, TypeError):
