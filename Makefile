@@ -49,6 +49,7 @@ serve: install
 
 test: install services postgres
 	$(BIN)/python -m ruff check src tests benchmarks
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q $(ARGS)
 
 bench: install

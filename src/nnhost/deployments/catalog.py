@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 #: The class every Hugging Face transformers model is keyed by (LanguageModel
 #: is a deprecated alias that keys itself as this class).
@@ -81,9 +81,9 @@ class ModelSpec:
     device: str = "cpu"
     #: Spread the weights over several GPUs of this node: "auto", "balanced",
     #: "sequential", or an explicit ``{module name: device}`` table.
-    device_map: "str | dict | None" = None
+    device_map: "str | dict[str, str | int] | None" = None
     #: The GPUs a strategy ``device_map`` ("auto", ...) may use (default: ``[device]``).
-    devices: list = field(default_factory=list)
+    devices: "list[str | int]" = field(default_factory=list)
     #: Hold the weights quantized: one of nnsight's names (nf4, int4, fp4, int8, fp8).
     quantization: Optional[str] = None
     #: Replicas a HOT deployment keeps (its minimum).
@@ -93,18 +93,18 @@ class ModelSpec:
     #: Level at start: "hot", "warm" or "cold" (deployed on first request).
     deploy: str = "hot"
     #: Extra keyword arguments for the model class at load.
-    load_kwargs: dict = field(default_factory=dict)
+    load_kwargs: dict[str, Any] = field(default_factory=dict)
     #: Bytes one replica needs on its device (weights plus margin); set by the server.
     size_bytes: Optional[int] = None
     #: Of those, the bytes on each device when HOT (from ``device_map``); set by the server.
-    shares: Optional[dict] = None
+    shares: Optional[dict[str, int]] = None
 
     @property
     def most_replicas(self) -> int:
         return max(self.replicas, self.max_replicas or self.replicas)
 
     @classmethod
-    def from_table(cls, table: dict) -> "ModelSpec":
+    def from_table(cls, table: dict[str, Any]) -> "ModelSpec":
         """An entry of ``[[model]]`` in nnhost.toml."""
         known = {"repo_id", "revision", "task", "model_class", "trust_remote_code", "dtype",
                  "device", "replicas", "max_replicas", "deploy", "load_kwargs", "device_map",
@@ -154,7 +154,7 @@ class ModelSpec:
         if self.devices and not isinstance(self.device_map, str):
             raise ValueError(f"{self.repo_id}: devices goes with a device_map strategy such as \"auto\"")
 
-    def worker_load_kwargs(self) -> dict:
+    def worker_load_kwargs(self) -> dict[str, Any]:
         """What the worker hands nnsight's loader (and so ``from_pretrained``)."""
         kwargs = dict(self.load_kwargs)
         if self.quantization:
@@ -170,7 +170,7 @@ class ModelSpec:
             kwargs["trust_remote_code"] = True
         return kwargs
 
-    def _loader_device_map(self) -> "str | dict":
+    def _loader_device_map(self) -> "str | dict[str, str | int]":
         if isinstance(self.device_map, str):
             return self.device_map
         # accelerate takes a GPU as its index; "cpu" and "disk" as written.
@@ -216,7 +216,7 @@ class ModelSpec:
 
     def model_key(self) -> str:
         """The key the worker loads from, in the form the client mints it."""
-        data: dict = {"repo_id": self.repo_id, "revision": self.revision}
+        data: dict[str, Any] = {"repo_id": self.repo_id, "revision": self.revision}
         if self.trust_remote_code:
             data["trust_remote_code"] = True
         data["task"] = self.task
@@ -233,7 +233,7 @@ class Catalog:
                 raise ValueError(f"model {spec.name!r} is listed twice")
             self.specs[spec.name] = spec
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[ModelSpec]:
         return iter(self.specs.values())
 
     def match(self, key: ModelKey) -> Optional[ModelSpec]:

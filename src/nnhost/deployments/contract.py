@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Callable, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, runtime_checkable
 
 from ..execution.events import JobEvent, JobSpec
 from ..execution.worker import WorkerOptions
@@ -46,7 +46,7 @@ class ReplicaState:
     description: str = ""
     weight_bytes: Optional[int] = None
     #: Which containment layers the processes run under (see execution.containment).
-    containment: Optional[dict] = None
+    containment: Optional[dict[str, Any]] = None
 
 
 OnJobEvent = Callable[[JobEvent], None]

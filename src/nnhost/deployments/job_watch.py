@@ -18,7 +18,7 @@ and per job.
 from __future__ import annotations
 
 import os
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from ..execution.events import JobEvent, JobSpec
 
@@ -42,7 +42,7 @@ class JobWatch:
         self.running = False
         self.finished = False
 
-    def check(self, message: dict) -> Union[JobEvent, Violation]:
+    def check(self, message: dict[str, Any]) -> Union[JobEvent, Violation]:
         if self.finished:
             return Violation("it sent a message after its job had finished")
         if message.get("type") != "event":

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from ..execution.events import JobEvent, JobSpec
 from ..units import format_size
@@ -140,7 +140,7 @@ class DeploymentManager(Scaling):
         on_job_event: OnJobEvent,
         on_change: OnChange,
         has_work: HasWork,
-        worker_environ: dict,
+        worker_environ: dict[str, str],
         budgets: dict[str, int],
         replica_factory: ReplicaFactory,
         torch_threads: int = 0,
@@ -162,11 +162,11 @@ class DeploymentManager(Scaling):
         self.budgets = {} if self.nodes else dict(budgets)
         self.deployments: dict[str, Deployment] = {spec.name: Deployment(spec) for spec in catalog}
         #: When each replica last became free (for scaling down).
-        self._idle_since: dict = {}
+        self._idle_since: dict[Replica, float] = {}
 
     # -- callbacks from replica threads ------------------------------------------
 
-    def _hop(self, function: Callable, *args) -> None:
+    def _hop(self, function: Callable[..., object], *args: Any) -> None:
         try:
             self._loop.call_soon_threadsafe(function, *args)
         except RuntimeError:
@@ -183,7 +183,7 @@ class DeploymentManager(Scaling):
             device=self._placement(spec, level),
             home_device=spec.device,
         )
-        made: list = []
+        made: list[Replica] = []
         replica = self._make_replica(
             name,
             options,

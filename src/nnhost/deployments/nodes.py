@@ -20,7 +20,7 @@ and never starts or stops a replica except through the manager's `set_level`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from ..units import format_size
 from .contract import Level, NodeCapacity, PlacesOnNodes
@@ -136,7 +136,7 @@ class NodeRoom:
         """The fewest idle deployments, least recently used first, on one node, whose demotion
         lets ``wanted`` fit; empty when no such set exists."""
         idle = manager._victims(None, wanted)
-        best: list = []
+        best: list["Deployment"] = []
         for node_id in (node.node_id for node in self.factory.nodes()):
             here = [d for d in idle if any(self.factory.node_of(r) == node_id for r in d.replicas)]
             for count in range(1, len(here) + 1):
@@ -157,10 +157,10 @@ class NodeRoom:
 
     # -- reporting -----------------------------------------------------------------------
 
-    def status(self, manager: "DeploymentManager") -> dict:
+    def status(self, manager: "DeploymentManager") -> dict[str, dict[str, Any]]:
         """``/status``'s ``nodes``: each alive node, what it offers and what replicas hold there."""
         free = self._free(manager)
-        out: dict = {}
+        out: dict[str, dict[str, Any]] = {}
         for node_id, room in free.items():
             node = room.node
             names = [replica.name for d in manager.deployments.values() if d.target != Level.COLD
@@ -175,7 +175,7 @@ class NodeRoom:
             }
         return out
 
-    def devices(self, manager: "DeploymentManager") -> dict:
+    def devices(self, manager: "DeploymentManager") -> dict[str, dict[str, int]]:
         """``/status``'s ``devices`` on a cluster: host memory over all nodes (each node's is in ``nodes``)."""
         nodes = self.status(manager).values()
         return {"cpu": {"budget_bytes": sum(n["budget_bytes"] for n in nodes),
@@ -194,7 +194,7 @@ def _place(free: dict[str, _Free], needs: list[Need]) -> list[Need]:
     return left
 
 
-def memory_report(manager: "DeploymentManager") -> dict:
+def memory_report(manager: "DeploymentManager") -> dict[str, Any]:
     """``/status``'s memory keys: ``devices`` (this machine's budgets; on a cluster, the nodes'
     sum) and, on a cluster only, ``nodes``, each node's own."""
     room = manager.nodes

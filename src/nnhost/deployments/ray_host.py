@@ -33,9 +33,9 @@ MAX_PENDING = 100_000
 
 
 class ReplicaHost:
-    def __init__(self, name: str, options: dict, kill_grace: float) -> None:
+    def __init__(self, name: str, options: dict[str, Any], kill_grace: float) -> None:
         self._changed = threading.Condition()
-        self._pending: deque = deque()
+        self._pending: deque[dict[str, Any]] = deque()
         self._first = 0  # sequence number of _pending[0]
         self._spool = Path(tempfile.mkdtemp(prefix="nnhost-ray-replica-"))
         self._specs: dict[str, JobSpec] = {}
@@ -47,13 +47,13 @@ class ReplicaHost:
 
     # -- called by the controller -------------------------------------------------------
 
-    def where(self) -> dict:
+    def where(self) -> dict[str, str]:
         import ray
 
         context = ray.get_runtime_context()
         return {"node_id": context.get_node_id(), "address": ray.util.get_node_ip_address()}
 
-    def submit(self, spec: dict, payload: bytes) -> None:
+    def submit(self, spec: dict[str, Any], payload: bytes) -> None:
         job_id = spec["job_id"]
         payload_path = self._spool / f"{job_id}.payload"
         payload_path.write_bytes(payload)
@@ -77,7 +77,7 @@ class ReplicaHost:
         self.replica.stop()
         shutil.rmtree(self._spool, ignore_errors=True)
 
-    def events(self, after: int, timeout: float) -> tuple[int, list]:
+    def events(self, after: int, timeout: float) -> tuple[int, list[dict[str, Any]]]:
         """Items with sequence numbers from ``after`` on, waiting up to ``timeout`` for one."""
         with self._changed:
             self._changed.wait_for(lambda: self._first + len(self._pending) > after, timeout)
@@ -88,7 +88,7 @@ class ReplicaHost:
 
     # -- the local replica's callbacks (its threads) ----------------------------------------
 
-    def _push(self, item: dict) -> None:
+    def _push(self, item: dict[str, Any]) -> None:
         with self._changed:
             self._pending.append(item)
             while len(self._pending) > MAX_PENDING:

@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..execution.events import JobEvent, JobSpec
 from ..execution.worker import WorkerOptions
@@ -36,6 +36,9 @@ from .contract import (NodeCapacity, OnIdle, OnIncident, OnJobEvent, OnState, Re
                        ReplicaState, ReplicaStatus)
 from .incidents import Incident
 from .nodes import Need
+
+if TYPE_CHECKING:
+    from .ray_host import ReplicaHost
 
 log = logging.getLogger("nnhost.ray")
 
@@ -82,7 +85,7 @@ class RayReplicas:
                           kill_grace=kill_grace, needs=needs)
 
 
-def _host_class():
+def _host_class() -> type[ReplicaHost]:
     from .ray_host import ReplicaHost
 
     return ReplicaHost
@@ -105,12 +108,12 @@ def read_nodes() -> list[NodeCapacity]:
     return found
 
 
-def resources_for(needs: dict[str, int]) -> dict:
+def resources_for(needs: dict[str, int]) -> dict[str, Any]:
     """What to ask Ray for: a GPU per CUDA device one replica spans (all on one node, as
     ``device_map`` needs), and the host memory it holds; one CPU for its processes
     (`nodes.Need`, which the manager budgets each node with)."""
     need = Need.of(needs)
-    wanted: dict = {"num_cpus": need.cpus}
+    wanted: dict[str, Any] = {"num_cpus": need.cpus}
     if need.gpus:
         wanted["num_gpus"] = need.gpus
     if need.memory:
@@ -118,10 +121,12 @@ def resources_for(needs: dict[str, int]) -> dict:
     return wanted
 
 
+# An actor class and its handles are Any here: their methods' ``.remote`` are made at
+# run time, and ray's annotations type them only for methods decorated @ray.method.
 class RayReplica:
-    def __init__(self, name: str, options: WorkerOptions, actor_class, *, on_job_event: OnJobEvent,
+    def __init__(self, name: str, options: WorkerOptions, actor_class: Any, *, on_job_event: OnJobEvent,
                  on_state: OnState, on_idle: OnIdle, on_incident: OnIncident,
-                 kill_grace: float, needs: Optional[dict] = None) -> None:
+                 kill_grace: float, needs: Optional[dict[str, int]] = None) -> None:
         self.name = name
         self.options = options
         self._actor_class = actor_class
@@ -130,14 +135,14 @@ class RayReplica:
         self._kill_grace = kill_grace
         self._needs = dict(needs or {})
         self._lock = threading.RLock()
-        self._actor = None
+        self._actor: Any = None
         self._generation = 0
         self._state = ReplicaState(ReplicaStatus.NOT_STARTED, "Not started.")
         self._current: Optional[JobSpec] = None
         self._remote_accepting = False
         self._stopping = False
         #: Where the actor runs, for /status and the operator.
-        self.node: dict = {}
+        self.node: dict[str, Any] = {}
 
     # -- the Replica contract ---------------------------------------------------------------
 
@@ -181,7 +186,7 @@ class RayReplica:
         threading.Thread(target=self._send, args=(actor, spec), name=f"ray-send-{self.name}",
                          daemon=True).start()
 
-    def _send(self, actor, spec: JobSpec) -> None:
+    def _send(self, actor: Any, spec: JobSpec) -> None:
         import ray
 
         wire = {key: value for key, value in asdict(spec).items()
@@ -231,7 +236,7 @@ class RayReplica:
 
     # -- what the actor reports -------------------------------------------------------------
 
-    def _collect(self, actor, generation: int) -> None:
+    def _collect(self, actor: Any, generation: int) -> None:
         import ray
 
         cursor = 0
@@ -253,11 +258,11 @@ class RayReplica:
             for item in items:  # exactly those after the previous cursor
                 self._take(item)
 
-    def _take(self, item: dict) -> None:
+    def _take(self, item: dict[str, Any]) -> None:
         kind = item.get("kind")
         if kind == "state":
             try:
-                state = ReplicaStatus(item.get("state"))
+                state = ReplicaStatus(item.get("state", ""))  # missing: refused like an unknown one
             except ValueError:
                 return
             where = (f" On Ray node {self.node.get('node_id', '?')} ({self.node.get('address', '?')})."
@@ -275,7 +280,7 @@ class RayReplica:
         elif kind == "job":
             self._job(item)
 
-    def _job(self, item: dict) -> None:
+    def _job(self, item: dict[str, Any]) -> None:
         try:
             event = JobEvent.from_dict(item["event"])
         except (KeyError, TypeError):

@@ -69,7 +69,7 @@ class LocalReplica(JobProcesses):
         kill_grace: float = 10.0,
         restart_delay: float = 1.0,
         on_incident: OnIncident = lambda kind: None,
-        needs: Optional[dict] = None,  # this machine's budgets already account for it
+        needs: Optional[dict[str, int]] = None,  # this machine's budgets already account for it
     ) -> None:
         self.name = name
         self._on_incident = on_incident
@@ -81,10 +81,10 @@ class LocalReplica(JobProcesses):
         self._restart_delay = restart_delay
         self.policy = WorkerPolicy.from_environ(dict(options.environ))
         self._lock = threading.RLock()
-        self._host: Optional[subprocess.Popen] = None
+        self._host: Optional[subprocess.Popen[bytes]] = None
         self._control: Optional[Channel] = None
         self._state = ReplicaState(ReplicaStatus.NOT_STARTED, "Not started.")
-        self._host_containment: Optional[dict] = None
+        self._host_containment: Optional[dict[str, Any]] = None
         self._slots: dict[int, Slot] = {}
         self._spare: Optional[Slot] = None
         self._current: Optional[Slot] = None
@@ -136,6 +136,7 @@ class LocalReplica(JobProcesses):
     def submit(self, spec: JobSpec) -> None:
         with self._lock:
             if self._current is not None:
+                assert self._current.job is not None  # the current slot is the one running a job
                 raise RuntimeError(f"replica {self.name} is busy with {self._current.job.job_id}")
             slot = self._spare
             if self._state.state is not ReplicaStatus.RUNNING or slot is None:
@@ -205,7 +206,7 @@ class LocalReplica(JobProcesses):
             name=f"host-{self.name}", daemon=True,
         ).start()
 
-    def _send_control(self, message: dict) -> None:
+    def _send_control(self, message: dict[str, Any]) -> None:
         if self._control is None:
             return
         try:
@@ -216,7 +217,7 @@ class LocalReplica(JobProcesses):
     def _request_fork(self) -> None:
         self._send_control({"type": "fork", "memory_cgroup": bool(self._groups and self._groups.available)})
 
-    def _read_control(self, control: Channel, host: subprocess.Popen, generation: int) -> None:
+    def _read_control(self, control: Channel, host: subprocess.Popen[bytes], generation: int) -> None:
         asked_first = False
         while True:
             try:
@@ -227,7 +228,9 @@ class LocalReplica(JobProcesses):
                 break
             kind = message.get("type")
             if kind == "state":
-                fields = {k: message.get(k) for k in ("state", "description", "weight_bytes", "containment")}
+                fields: dict[str, Any] = {
+                    k: message.get(k) for k in ("state", "description", "weight_bytes", "containment")
+                }
                 if fields["containment"]:
                     self._host_containment = fields["containment"]
                 fields["containment"] = self._containment()
@@ -254,8 +257,8 @@ class LocalReplica(JobProcesses):
             host.wait()
         self._host_died(host, generation)
 
-    def _add_slot(self, message: dict, fds: list, generation: int) -> None:
-        pid = message.get("pid")
+    def _add_slot(self, message: dict[str, Any], fds: list[int], generation: int) -> None:
+        pid: Any = message.get("pid")  # our own host's message: an int
         slot = Slot(int(pid), Channel(_socket(fds[0])), fds[1] if len(fds) > 1 else -1,
                      reusable=bool(message.get("reusable")), generation=generation)
         close_all(fds[2:])
@@ -285,7 +288,7 @@ class LocalReplica(JobProcesses):
         if groups is not None and not slot.reusable:
             threading.Thread(target=groups.remove, args=(slot.pid,), daemon=True).start()
 
-    def _host_died(self, host: subprocess.Popen, generation: int) -> None:
+    def _host_died(self, host: subprocess.Popen[bytes], generation: int) -> None:
         with self._lock:
             if generation != self._generation:
                 return
@@ -301,7 +304,8 @@ class LocalReplica(JobProcesses):
             for slot in slots:
                 slot.kill_reason = slot.kill_reason or reason
                 slot.exited.set()
-        if current is not None and current.job is not None and not current.watch.finished:
+        if (current is not None and current.job is not None and current.watch is not None
+                and not current.watch.finished):
             current.watch.finished = True
             self._fail(current, f"{reason} The model's worker was restarted; you can resubmit your request.")
         if stopping or unhealthy_at_load:
@@ -338,7 +342,7 @@ class LocalReplica(JobProcesses):
                         "so its worker process was killed."
                     ))
 
-    def _containment(self, slot: Optional[Slot] = None) -> Optional[dict]:
+    def _containment(self, slot: Optional[Slot] = None) -> Optional[dict[str, Any]]:
         """The layers every job runs under: the host's, a job process's own, the cgroup."""
         host = self._host_containment
         if host is None:

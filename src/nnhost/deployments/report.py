@@ -7,7 +7,7 @@ publishes them. Reading only: nothing here changes a deployment.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .contract import ReplicaStatus
 from .manager import COLD
@@ -16,9 +16,9 @@ if TYPE_CHECKING:
     from .manager import DeploymentManager
 
 
-def status_entries(manager: "DeploymentManager") -> dict:
+def status_entries(manager: "DeploymentManager") -> dict[str, dict[str, Any]]:
     """``/status``'s ``deployments``: one entry per replica (one COLD entry when none)."""
-    entries = {}
+    entries: dict[str, dict[str, Any]] = {}
     for deployment in manager.deployments.values():
         spec = deployment.spec
         base = {

@@ -16,20 +16,38 @@ job runs.
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Callable, Optional, cast
 
 from .contract import ReplicaStatus
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from .contract import Level, Replica
+    from .manager import Deployment, DeploymentManager, HasWork, OnChange
+    from .nodes import NodeRoom
 
 
 class Scaling:
     #: Seconds an extra replica may stay idle before it is stopped.
     scale_down_after: float = 300.0
 
-    def _note_idle(self, name: str, replica) -> None:
+    # What DeploymentManager provides, declared so that the code here is checked against it.
+    deployments: dict[str, Deployment]
+    _idle_since: dict[Replica, float]
+    _loop: asyncio.AbstractEventLoop
+    _on_change: OnChange
+    _has_work: HasWork
+    budget: Callable[[str], Optional[int]]
+    used: Callable[[str], int]
+    _replica: Callable[[Deployment, int, Level], Replica]
+    nodes: Optional[NodeRoom]
+
+    def _note_idle(self, name: str, replica: Replica) -> None:
         self._idle_since[replica] = time.monotonic()
         self._on_change(name)
 
-    def _note_busy(self, replica) -> None:
+    def _note_busy(self, replica: Replica) -> None:
         self._idle_since.pop(replica, None)
 
     def grow(self, name: str, waiting: int) -> Optional[str]:
@@ -45,7 +63,9 @@ class Scaling:
             return None  # one is on its way: let it take the queue first
         if deployment.idle_replica() is not None:
             return None
-        if self.nodes is not None and not self.nodes.fits(self, deployment, extra=True):
+        # Scaling is only ever a part of DeploymentManager (see its class declarations).
+        manager = cast("DeploymentManager", self)
+        if self.nodes is not None and not self.nodes.fits(manager, deployment, extra=True):
             return None  # no node has room for one more beside what is placed
         for device, share in spec.hot_shares().items():
             budget = self.budget(device)

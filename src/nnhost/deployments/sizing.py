@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 _SAFETENSORS_BYTES = {
     "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4,
@@ -40,15 +40,16 @@ _UNQUANTIZED = ("embed", "wte", "wpe", "lm_head", "norm", "ln_")
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
-def _header(path: Path) -> dict:
+def _header(path: Path) -> dict[str, Any]:
     with open(path, "rb") as file:
         (length,) = struct.unpack("<Q", file.read(8))
         if length > 100 * 1024 * 1024:
             raise ValueError(f"{path.name}: implausible safetensors header length")
-        return json.loads(file.read(length))
+        header: dict[str, Any] = json.loads(file.read(length))
+        return header
 
 
-def _width(name: str) -> Optional[float]:
+def _width(name: Optional[str]) -> Optional[float]:
     name = (name or "").removeprefix("torch.").lower()
     return QUANTIZATION_BYTES.get(name) or _TORCH_BYTES.get(name)
 
@@ -99,7 +100,8 @@ def normalise_device(device: "str | int") -> str:
 
 
 def device_shares(
-    sizes: dict[str, int], device_map: "str | dict | None", devices: list[str], default: str
+    sizes: dict[str, int], device_map: "str | dict[str, str | int] | None",
+    devices: Sequence[str | int], default: str,
 ) -> dict[str, int]:
     """Bytes of the weights on each device under ``device_map``.
 

@@ -15,7 +15,7 @@ import selectors
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..execution.channel import BadMessage, Channel, close_all
 from ..execution.events import JobEvent, JobSpec
@@ -24,6 +24,12 @@ from ..execution.job_process import describe_exit
 from ..execution.worker import crash_hint
 from .incidents import Incident
 from .job_watch import JobWatch, LogLines, Violation
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from ..execution.policy import WorkerPolicy
+    from .contract import OnIdle, OnIncident, OnJobEvent
 
 log = logging.getLogger("nnhost.replica")
 
@@ -38,7 +44,7 @@ class Slot:
     reusable: bool = False
     generation: int = 0
     ready: bool = False
-    containment: Optional[dict] = None
+    containment: Optional[dict[str, Any]] = None
     job: Optional[JobSpec] = None
     watch: Optional[JobWatch] = None
     lines: Optional[LogLines] = None
@@ -53,9 +59,24 @@ class Slot:
 class JobProcesses:
     """Slot handling for `LocalReplica` (which provides the state and callbacks used here)."""
 
-    _lock: Any
-    _spare: Optional["Slot"]
-    _current: Optional["Slot"]
+    # What LocalReplica provides, declared so that the code here is checked against it.
+    name: str
+    policy: WorkerPolicy
+    _lock: threading.RLock
+    _spare: Optional[Slot]
+    _current: Optional[Slot]
+    _host: Optional[subprocess.Popen[bytes]]
+    _kill_reason: Optional[str]
+    _stopping: bool
+    _generation: int
+    _early_deaths: int
+    _on_job_event: OnJobEvent
+    _on_idle: OnIdle
+    _on_incident: OnIncident
+    _show_containment: Callable[[Slot], None]
+    _send_control: Callable[[dict[str, Any]], None]
+    _request_fork: Callable[[], None]
+    _unhealthy: Callable[[str], None]
 
     def _read_slot(self, slot: Slot) -> None:
         selector = selectors.DefaultSelector()
@@ -92,7 +113,7 @@ class JobProcesses:
             selector.close()
             self._slot_gone(slot)
 
-    def _slot_message(self, slot: Slot, message: dict, pending: list) -> bool:
+    def _slot_message(self, slot: Slot, message: dict[str, Any], pending: list[str]) -> bool:
         """Handle one message; False once the slot is done with."""
         if slot.job is None or (slot.reusable and slot.watch is not None and slot.watch.finished):
             # Before its job the process has run no user code: "ready" is the only
@@ -120,6 +141,7 @@ class JobProcesses:
             else:
                 self._kill_slot(slot, None)
             return True
+        assert slot.watch is not None  # set with its job (LocalReplica.submit)
         checked = slot.watch.check(message)
         if isinstance(checked, Violation):
             self._violation(slot, checked)
@@ -145,13 +167,14 @@ class JobProcesses:
         self._on_job_event(checked)
         return True
 
-    def _log_bytes(self, slot: Slot, data: bytes, pending: list, draining: bool = False) -> None:
+    def _log_bytes(self, slot: Slot, data: bytes, pending: list[str], draining: bool = False) -> None:
         if slot.job is None or slot.lines is None:
             # Output of our own set-up, before any job: the server's business.
             text = data.decode("utf-8", "replace").strip()
             if text:
                 log.warning("job process %s of %s: %s", slot.pid, self.name, text[-2000:])
             return
+        assert slot.watch is not None  # set with its job and lines (LocalReplica.submit)
         if slot.watch.finished and not draining:
             return
         for line in slot.lines.feed(data):
@@ -160,7 +183,7 @@ class JobProcesses:
             elif len(pending) < 200 or draining:
                 pending.append(line)
 
-    def _drain_log(self, slot: Slot, pending: list) -> None:
+    def _drain_log(self, slot: Slot, pending: list[str]) -> None:
         """What the process wrote before its final event arrives before it (never after)."""
         if slot.log_fd < 0 or slot.lines is None:
             return
@@ -175,6 +198,8 @@ class JobProcesses:
             pass
         finally:
             os.set_blocking(slot.log_fd, True)
+        # Called once the job's final event is in: the slot has its job and watch.
+        assert slot.job is not None and slot.watch is not None
         if slot.watch.running:
             for line in pending + slot.lines.close():
                 self._on_job_event(JobEvent(slot.job.job_id, "LOG", line))
@@ -248,6 +273,7 @@ class JobProcesses:
                         self._unhealthy("Job processes keep dying before their first job; see the server log.")
 
     def _fail(self, slot: Slot, description: str) -> None:
+        assert slot.job is not None  # only a slot that was given a job fails one
         discard_result(slot.job)
         self._on_job_event(JobEvent(
             slot.job.job_id, "ERROR", description,

@@ -184,7 +184,9 @@ class S3Store:
             if _code(error) in _NOT_FOUND:
                 raise ResultMissing(job_id) from None
             raise
-        return answer["Body"]
+        # botocore's StreamingBody: file-like for what callers do with it (read, close).
+        body: BinaryIO = answer["Body"]
+        return body
 
     def read(self, job_id: str) -> bytes:
         body = self.open(job_id)
@@ -209,11 +211,12 @@ class S3Store:
 
     def signed_url(self, job_id: str, ttl: float, base_url: str) -> str:
         seconds = max(1, min(int(ttl), MAX_PRESIGN_SECONDS))
-        return self._client.generate_presigned_url(
+        url: str = self._client.generate_presigned_url(
             "get_object",
             Params={"Bucket": self.where.bucket, "Key": self.where.key(job_id)},
             ExpiresIn=seconds,
         )
+        return url
 
     def delete(self, job_id: str) -> None:
         self.staging_path(job_id).unlink(missing_ok=True)  # first: it goes even if S3 is down
