@@ -11,7 +11,7 @@ data (no objects), and holds nothing of any user's: no job ids, no emails.
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from ..deployments.contract import ReplicaStatus
 from ..deployments.manager import Deployment
@@ -20,7 +20,7 @@ from ..deployments.report import status_entries
 from .service import JobService
 
 #: Per model, what the recent-jobs history adds (median wait and run, counts).
-Summaries = Callable[[str], dict]
+Summaries = Callable[[str], dict[str, Any]]
 
 
 def _state(deployment: Deployment) -> str:
@@ -33,7 +33,7 @@ def _state(deployment: Deployment) -> str:
     return ReplicaStatus.NOT_STARTED.value
 
 
-def _containment(deployment: Deployment) -> Optional[dict]:
+def _containment(deployment: Deployment) -> Optional[dict[str, Any]]:
     for replica in deployment.replicas:
         report = replica.health().containment
         if report:
@@ -55,7 +55,7 @@ def _description(deployment: Deployment) -> str:
 
 
 def board(service: JobService, summaries: Optional[Summaries] = None,
-          per_minute: Optional[list] = None) -> dict:
+          per_minute: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
     manager, scheduler = service.deployments, service.scheduler
     models = []
     for name, deployment in manager.deployments.items():

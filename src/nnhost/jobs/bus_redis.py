@@ -24,6 +24,7 @@ import secrets
 from typing import Optional
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
 
 from .bus import Frame, Session, new_session_id
 
@@ -55,12 +56,12 @@ class RedisEventBus:
         self.url = url
         self.prefix = prefix
         self._redis = aioredis.from_url(url)
-        self._pubsub = None
+        self._pubsub: Optional[PubSub] = None
         self._sessions: dict[str, Session] = {}
         self._listeners: dict[str, Session] = {}
-        self._confirmed: dict[str, asyncio.Future] = {}
+        self._confirmed: dict[str, asyncio.Future[bool]] = {}
         self._outgoing: "asyncio.Queue[tuple[str, bytes]]" = asyncio.Queue()
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         #: A channel of this process's own, so the reader always has a subscription.
         self._home = f"{prefix}:bus:{secrets.token_hex(8)}"
 
@@ -69,6 +70,12 @@ class RedisEventBus:
 
     def _owner_key(self, session_id: str) -> str:
         return f"{self.prefix}:owner:{session_id}"
+
+    def _subscriptions(self) -> PubSub:
+        """The pub/sub connection, which `start` opens: nothing is subscribed before it."""
+        if self._pubsub is None:
+            raise RuntimeError("the Redis event bus is not started")
+        return self._pubsub
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -93,7 +100,8 @@ class RedisEventBus:
             await self._redis.delete(self._owner_key(session_id))
         self._sessions.clear()
         if self._pubsub is not None:
-            await self._pubsub.aclose()
+            # redis-py leaves PubSub.aclose unannotated (its Redis.aclose is typed).
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
         await self._redis.aclose()
 
     # -- sessions ----------------------------------------------------------------------
@@ -112,7 +120,7 @@ class RedisEventBus:
         if self._sessions.pop(session_id, None) is None:
             return
         await self._redis.delete(self._owner_key(session_id))
-        await self._pubsub.unsubscribe(self._channel(session_id))
+        await self._subscriptions().unsubscribe(self._channel(session_id))
 
     async def owner(self, session_id: str) -> Optional[Session]:
         local = self._sessions.get(session_id)
@@ -148,7 +156,7 @@ class RedisEventBus:
 
     async def _subscribe(self, channel: str) -> None:
         self._confirmed[channel] = asyncio.get_running_loop().create_future()
-        await self._pubsub.subscribe(channel)
+        await self._subscriptions().subscribe(channel)
 
     async def _confirmation(self, channel: str) -> None:
         """Wait until Redis says the subscription to ``channel`` is in place."""
@@ -161,7 +169,7 @@ class RedisEventBus:
         prefix = f"{self.prefix}:session:"
         while True:
             try:
-                message = await self._pubsub.get_message(timeout=1.0)
+                message = await self._subscriptions().get_message(timeout=1.0)
             except asyncio.CancelledError:
                 raise
             except Exception:

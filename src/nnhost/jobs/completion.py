@@ -14,11 +14,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Unpack
 
 from ..units import format_size
 from .intake import runtime_of
 from .job import Job, Status
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..storage.results import ResultStore
+    from .store import Changes, JobStore
 
 log = logging.getLogger("nnhost.jobs")
 T = TypeVar("T")
@@ -27,7 +32,23 @@ Outcome = tuple[Optional[int], Optional[bytes], bool]
 
 
 class Completion:
-    def _complete(self, name: str, job: Job, description: str, meta: Optional[dict]) -> None:
+    # What it uses of `JobService` (which sets them), declared so each part is checked alone.
+    settings: Settings
+    store: JobStore
+    results: ResultStore
+    _storing: dict[str, asyncio.Task[None]]
+
+    if TYPE_CHECKING:
+        def _record(
+            self, job_id: str, status: Status, description: str,
+            inline: Optional[bytes] = None, **fields: Unpack[Changes],
+        ) -> Job: ...
+
+        def _finished(self, name: str, job_id: str, runtime: Optional[float]) -> None: ...
+
+    def _complete(
+        self, name: str, job: Job, description: str, meta: Optional[dict[str, Any]]
+    ) -> None:
         """COMPLETED: commit the worker's file to the result store, then record and announce.
 
         The job stays RUNNING until the store holds its result, so a client
@@ -72,7 +93,7 @@ class Completion:
             return None, None, True
 
     def _stored(
-        self, name: str, job_id: str, description: str, meta: Optional[dict],
+        self, name: str, job_id: str, description: str, meta: Optional[dict[str, Any]],
         outcome: Outcome,
     ) -> None:
         size, data, failed = outcome

@@ -9,14 +9,15 @@ HTTP beyond that number.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from ..deployments.manager import COLD, HOT, WARM, CannotFit
+from ..deployments.contract import Level
+from ..deployments.manager import COLD, HOT, WARM, CannotFit, Deployment
 from .front import Refused
 from .service import JobService
 
 
-def _deployment(service: JobService, name: str):
+def _deployment(service: JobService, name: str) -> Deployment:
     deployments = service.deployments.deployments
     if not isinstance(name, str) or name not in deployments:
         served = ", ".join(deployments) or "none"
@@ -24,29 +25,30 @@ def _deployment(service: JobService, name: str):
     return deployments[name]
 
 
-def deploy(service: JobService, model: str, level: str = "hot") -> dict:
+def deploy(service: JobService, model: str, level: str = "hot") -> dict[str, Any]:
     """Bring ``model`` to ``level`` (hot or warm)."""
     deployment = _deployment(service, model)
-    level = str(level).upper()
-    if level not in (HOT, WARM):
+    asked = str(level).upper()
+    if asked not in (HOT, WARM):
         raise Refused(422, "level must be 'hot' or 'warm'.")
+    wanted = Level(asked)
     manager = service.deployments
-    if level == WARM and deployment.target == HOT:
+    if wanted == WARM and deployment.target == HOT:
         # Asked for less than it has: demote, freeing its device, if it is idle.
         if deployment.busy or service.has_work(deployment.name):
             raise Refused(409, f"{deployment.name} has queued or running jobs; it stays HOT for now.")
         manager.set_level(deployment.name, WARM, note="Made WARM by the operator.")
         return {"model": deployment.name, "target": WARM, "note": deployment.note}
     try:
-        note = manager.request(deployment.name, level)
+        note = manager.request(deployment.name, wanted)
     except CannotFit as error:
         raise Refused(409, str(error)) from None
-    if deployment.target != level and not (level == WARM and deployment.target == HOT):
-        raise Refused(409, f"{deployment.name} cannot be made {level} now: {note}.")
+    if deployment.target != wanted and not (wanted == WARM and deployment.target == HOT):
+        raise Refused(409, f"{deployment.name} cannot be made {wanted} now: {note}.")
     return {"model": deployment.name, "target": deployment.target, "note": deployment.note}
 
 
-def evict(service: JobService, model: str) -> dict:
+def evict(service: JobService, model: str) -> dict[str, Any]:
     """Make ``model`` COLD, unless it has work."""
     deployment = _deployment(service, model)
     if deployment.busy or service.has_work(deployment.name):
@@ -59,7 +61,7 @@ def evict(service: JobService, model: str) -> dict:
     return {"model": deployment.name, "target": COLD}
 
 
-def cancel(service: JobService, job_id: str) -> dict:
+def cancel(service: JobService, job_id: str) -> dict[str, Any]:
     job = service.store.get(job_id) if isinstance(job_id, str) else None
     if job is None:
         raise Refused(404, f"No job {job_id}.")
@@ -68,10 +70,12 @@ def cancel(service: JobService, job_id: str) -> dict:
     return {"id": job_id, "cancelled": True}
 
 
-COMMANDS = {"deploy": deploy, "evict": evict, "cancel": cancel}
+#: Each takes the service and the command's arguments by name (they come from a
+#: request, so `carry_out` turns a mismatch into a refusal).
+COMMANDS: dict[str, Callable[..., dict[str, Any]]] = {"deploy": deploy, "evict": evict, "cancel": cancel}
 
 
-def carry_out(service: JobService, kind: str, args: dict[str, Any]) -> dict:
+def carry_out(service: JobService, kind: str, args: dict[str, Any]) -> dict[str, Any]:
     """Run one command; `Refused` for a refusal, including an unknown or malformed command."""
     command = COMMANDS.get(kind)
     if command is None:

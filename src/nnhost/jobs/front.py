@@ -21,7 +21,7 @@ from ..auth.keys import Principal
 from ..deployments.catalog import Catalog, ModelKey
 from .bus import EventBus
 from .job import Job, Status
-from .observer import Observers
+from .observer import JobObserver, Observers
 from .store import JobStore
 
 
@@ -47,7 +47,7 @@ class Submission:
     model_key: str
     session_id: str
     compress: bool
-    env: dict
+    env: dict[str, Any]
 
 
 class Payloads(Protocol):
@@ -65,10 +65,10 @@ class ControllerLink(Protocol):
     async def cancel(self, job: Job) -> bool:
         """Cancel a job that has not ended; False if it had."""
 
-    async def command(self, kind: str, **args: Any) -> dict:
+    async def command(self, kind: str, **args: Any) -> dict[str, Any]:
         """``deploy`` (model, level) or ``evict`` (model): the controller's answer, or `Refused`."""
 
-    def board(self) -> dict:
+    def board(self) -> dict[str, Any]:
         """What the controller last reported (`board.board`): models, queues, devices."""
 
 
@@ -80,7 +80,7 @@ class JobFront:
         payloads: Payloads,
         catalog: Catalog,
         link: ControllerLink,
-        observers: Iterable = (),
+        observers: Iterable[JobObserver] = (),
     ) -> None:
         self.store = store
         self.bus = bus
@@ -144,7 +144,7 @@ class JobFront:
     def with_status(self, statuses: Iterable[Status]) -> list[Job]:
         return self.store.with_status(statuses)
 
-    def board(self) -> dict:
+    def board(self) -> dict[str, Any]:
         return self.link.board()
 
     # -- asking the controller ---------------------------------------------------
@@ -154,5 +154,5 @@ class JobFront:
             return False
         return await self.link.cancel(job)
 
-    async def command(self, kind: str, **args: Any) -> dict:
+    async def command(self, kind: str, **args: Any) -> dict[str, Any]:
         return await self.link.command(kind, **args)

@@ -87,7 +87,7 @@ def check_event(event: Any, job: Optional[Job], deployment: str) -> Optional[str
     return None
 
 
-def runtime_of(meta: Optional[dict]) -> Optional[float]:
+def runtime_of(meta: Optional[dict[str, Any]]) -> Optional[float]:
     """The runtime a final event reports, if it is a plausible number of seconds."""
     value = (meta or {}).get("runtime")
     if isinstance(value, bool) or not isinstance(value, (int, float)):

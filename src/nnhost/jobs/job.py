@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
 
 class Status(str, Enum):
@@ -65,10 +65,10 @@ class Job:
     deployment: str
     session_id: str = ""
     compress: bool = False
-    env: dict = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
     status: Status = Status.RECEIVED
     description: str = ""
-    meta: Optional[dict] = None
+    meta: Optional[dict[str, Any]] = None
     created_at: float = 0.0
     updated_at: float = 0.0
     #: The URL base the client reached us at, for result links.

@@ -58,7 +58,7 @@ BOARD = "board"
 class InProcessLink:
     """The controller is this process's own job service."""
 
-    def __init__(self, service: JobService, board: Callable[[], dict]) -> None:
+    def __init__(self, service: JobService, board: Callable[[], dict[str, Any]]) -> None:
         self.service = service
         self._board = board
 
@@ -68,23 +68,24 @@ class InProcessLink:
     async def cancel(self, job: Job) -> bool:
         return self.service.cancel(job)
 
-    async def command(self, kind: str, **args: Any) -> dict:
+    async def command(self, kind: str, **args: Any) -> dict[str, Any]:
         from .controls import carry_out
 
         return carry_out(self.service, kind, args)
 
-    def board(self) -> dict:
+    def board(self) -> dict[str, Any]:
         return self._board()
 
 
-def _answer(raw: Optional[str]) -> dict:
+def _answer(raw: Optional[str]) -> dict[str, Any]:
     """A command's answer as the controller wrote it: its result, or `Refused`."""
     try:
         answer = json.loads(raw or "")
     except ValueError:
         answer = None
-    if isinstance(answer, dict) and isinstance(answer.get("ok"), dict):
-        return answer["ok"]
+    ok = answer.get("ok") if isinstance(answer, dict) else None
+    if isinstance(ok, dict):
+        return ok
     refused = answer.get("refused") if isinstance(answer, dict) else None
     if isinstance(refused, list) and len(refused) == 2 and isinstance(refused[0], int):
         raise Refused(refused[0], str(refused[1]))
@@ -97,7 +98,7 @@ class DatabaseLink:
     def __init__(self, database: Database, bus: Optional[EventBus] = None) -> None:
         self.database = database
         self.bus = bus
-        self._board: Optional[dict] = None
+        self._board: Optional[dict[str, Any]] = None
         self._board_read = 0.0
 
     def _wake(self) -> None:
@@ -114,7 +115,7 @@ class DatabaseLink:
         self._wake()
         return True
 
-    async def command(self, kind: str, **args: Any) -> dict:
+    async def command(self, kind: str, **args: Any) -> dict[str, Any]:
         command_id = await asyncio.to_thread(self._send, kind, args)
         self._wake()
         deadline = time.monotonic() + ANSWER_WITHIN
@@ -129,12 +130,14 @@ class DatabaseLink:
             "see /status). The request is kept and is carried out when a controller reads it.",
         )
 
-    def _send(self, kind: str, args: dict) -> int:
+    def _send(self, kind: str, args: dict[str, Any]) -> int:
         with self.database.write() as db:
             result = db.execute(
                 insert(commands).values(kind=kind, args=json.dumps(args), created_at=time.time())
             )
-            return int(result.inserted_primary_key[0])
+            key = result.inserted_primary_key
+            assert key is not None  # an INSERT into a table with an integer key always has one
+            return int(key[0])
 
     def _result(self, command_id: int) -> Optional[str]:
         query = select(commands.c.result).where(commands.c.id == command_id,
@@ -142,21 +145,21 @@ class DatabaseLink:
         with self.database.read() as db:
             return db.execute(query).scalar()
 
-    def board(self) -> dict:
+    def board(self) -> dict[str, Any]:
         now = time.monotonic()
         if self._board is None or now - self._board_read > PUBLISH_EVERY / 2:
             self._board, self._board_read = read_board(self.database), now
         return self._board
 
 
-def read_board(database: Database) -> dict:
+def read_board(database: Database) -> dict[str, Any]:
     """The board the controller last published; ``stale`` when it is old or missing."""
     query = select(shared_values.c.value, shared_values.c.updated_at).where(
         shared_values.c.name == BOARD
     )
     with database.read() as db:
         row = db.execute(query).first()
-    board: dict = {}
+    board: dict[str, Any] = {}
     if row is not None:
         try:
             board = json.loads(row[0])
@@ -176,7 +179,7 @@ def read_board(database: Database) -> dict:
 class Relay:
     """The controller's side: take new jobs and commands, publish the board."""
 
-    def __init__(self, service: JobService, database: Database, board: Callable[[], dict],
+    def __init__(self, service: JobService, database: Database, board: Callable[[], dict[str, Any]],
                  taken: Optional[set[str]] = None, bus: Optional[EventBus] = None) -> None:
         self.service = service
         self.database = database
@@ -238,7 +241,7 @@ class Relay:
                 args = json.loads(row["args"])
                 if not isinstance(args, dict):
                     raise ValueError("arguments are not an object")
-                answer: dict = {"ok": carry_out(self.service, str(row["kind"]), args)}
+                answer: dict[str, Any] = {"ok": carry_out(self.service, str(row["kind"]), args)}
             except Refused as refusal:
                 answer = {"refused": [refusal.code, refusal.detail]}
             except ValueError as error:
@@ -251,7 +254,7 @@ class Relay:
                            .values(done_at=time.time(), result=json.dumps(answer)))
         return len(pending)
 
-    def publish(self, board: dict) -> None:
+    def publish(self, board: dict[str, Any]) -> None:
         now = time.time()
         value = json.dumps(board, default=str)
         with self.database.write() as db:

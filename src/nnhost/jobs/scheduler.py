@@ -24,6 +24,8 @@ from typing import Hashable, Optional
 
 #: Seconds charged for a job before anything has been measured.
 DEFAULT_COST = 1.0
+#: How a lane's head job ranks (lowest first): priority class, then the user's clock, then arrival.
+_Rank = tuple[bool, float, int]
 
 
 @dataclass
@@ -56,7 +58,7 @@ class FairQueue:
         self._counter += 1
         self._arrival[job_id] = self._counter
 
-    def _rank(self, user: Hashable, vtime: float, head: str) -> tuple:
+    def _rank(self, user: Hashable, vtime: float, head: str) -> _Rank:
         return (not self._lanes[user].priority, vtime, self._arrival[head])
 
     def _pick(self) -> Optional[Hashable]:
@@ -102,7 +104,7 @@ class FairQueue:
 
     def order(self, limit: int = 10_000) -> list[str]:
         """Waiting jobs in the order `pop` would hand them out (up to ``limit``)."""
-        heap = []
+        heap: list[tuple[_Rank, float, int, Hashable]] = []
         for user, lane in self._lanes.items():
             vtime = self._vtime[user]
             heapq.heappush(heap, (self._rank(user, vtime, lane.jobs[0]), vtime, 0, user))

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Union, Unpack
 
 from ..config import Settings
-from ..deployments.manager import CannotFit, DeploymentManager
+from ..deployments.manager import HOT, CannotFit, DeploymentManager
 from ..execution.events import JobEvent, JobSpec
 from ..storage.payloads import JobPayloads
 from ..storage.results import ResultStore
@@ -30,7 +30,7 @@ from .intake import LogBudget, check_event, clean_text, event_job_id, runtime_of
 from .job import Job, Status
 from .observer import JobObserver, Observers
 from .scheduler import Scheduler
-from .store import JobStore
+from .store import Changes, JobStore
 from .update import JobUpdate
 from .upkeep import Upkeep
 
@@ -59,14 +59,15 @@ class JobService(Completion, Upkeep):
         self.payloads = payloads
         self.results = results
         #: Results being committed to a remote store, by job id (see `_complete`).
-        self._storing: dict[str, asyncio.Task] = {}
+        self._storing: dict[str, asyncio.Task[None]] = {}
         #: When `sweep_results` last looked for stored results the database forgot.
         self._orphans_swept = 0.0
         #: Set on graceful shutdown: nothing new is dispatched.
         self.draining = False
         self._requeued: set[str] = set()
-        #: What each waiting job was last told, so unchanged news is not re-sent.
-        self._announced: dict[str, tuple] = {}
+        #: What each waiting job was last told (its status, and its description near the
+        #: head of the queue or its band of 25 further back), so unchanged news is not re-sent.
+        self._announced: dict[str, tuple[Status, Union[str, int]]] = {}
         #: What each running job has printed so far, against the per-job caps.
         self.log_budget = LogBudget(settings.max_log_lines, settings.max_log_bytes)
 
@@ -98,7 +99,7 @@ class JobService(Completion, Upkeep):
             # Say so first: the model is not up and memory is being found for it.
             self._announce_positions(name)
             try:
-                self.deployments.request(name, "HOT")
+                self.deployments.request(name, HOT)
             except CannotFit as error:
                 self._fail_waiting(name, str(error))
                 return
@@ -211,6 +212,7 @@ class JobService(Completion, Upkeep):
         if problem is not None:
             log.warning("dropped an event from a replica of %s: %s", name, problem)
             return
+        assert job is not None  # check_event refuses an event that names no known job
         status = Status(event.status)
         description = clean_text(event.description)
         if status is Status.LOG:
@@ -262,7 +264,7 @@ class JobService(Completion, Upkeep):
 
     def _record(
         self, job_id: str, status: Status, description: str,
-        inline: Optional[bytes] = None, **fields,
+        inline: Optional[bytes] = None, **fields: Unpack[Changes],
     ) -> Job:
         job = self.store.transition(job_id, status, description, **fields)
         self._noted(job)

@@ -18,9 +18,9 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Iterable, Optional, Union
+from typing import Any, Iterable, Optional, TypedDict, Union
 
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import Select, bindparam, delete, func, insert, select, update
 from sqlalchemy.engine import RowMapping
 
 from ..db import Database
@@ -56,13 +56,22 @@ _TRANSITION = (
 )
 
 
+class Changes(TypedDict, total=False):
+    """What `JobStore.transition` may change besides status and description (its keywords)."""
+
+    meta: Optional[dict[str, Any]]
+    result_size: Optional[int]
+    result_expires_at: Optional[float]
+    started: bool
+
+
 class JobStore:
     def __init__(self, database: Database) -> None:
         self.database = database
         # One writer at a time within this process; across processes the row lock does it.
         self._lock = threading.Lock()
 
-    def _jobs(self, query) -> list[Job]:
+    def _jobs(self, query: Select[Any]) -> list[Job]:
         with self.database.read() as db:
             return [_job(row) for row in db.execute(query).mappings()]
 
@@ -154,7 +163,7 @@ class JobStore:
         status: Status,
         description: str,
         *,
-        meta: Optional[dict] = None,
+        meta: Optional[dict[str, Any]] = None,
         result_size: Optional[int] = None,
         result_expires_at: Optional[float] = None,
         started: bool = False,

@@ -30,7 +30,7 @@ class JobUpdate:
     status: str
     description: str
     #: The job's metadata (runtime, memory) once it has ended.
-    meta: Optional[dict] = None
+    meta: Optional[dict[str, Any]] = None
     #: The address the client submitted to, for its result link.
     base_url: str = ""
     #: On COMPLETED: when the stored result is deleted (the link must expire first).

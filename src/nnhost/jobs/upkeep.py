@@ -12,13 +12,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Unpack
 
 from ..units import format_duration
 from .intake import LIVE_STATUSES
 from .job import Status
 
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..deployments.manager import DeploymentManager
+    from ..storage.payloads import JobPayloads
+    from ..storage.results import ResultStore
+    from .job import Job
+    from .scheduler import Scheduler
+    from .store import Changes, JobStore
+
 log = logging.getLogger("nnhost.jobs")
+T = TypeVar("T")
 
 #: Seconds past the time limit and kill grace before a silent job is failed.
 STUCK_MARGIN = 15.0
@@ -27,6 +37,31 @@ ORPHAN_SWEEP_SECONDS = 3600.0
 
 
 class Upkeep:
+    # What it uses of `JobService` (which sets them), declared so each part is checked alone.
+    settings: Settings
+    store: JobStore
+    scheduler: Scheduler
+    deployments: DeploymentManager
+    payloads: JobPayloads
+    results: ResultStore
+    draining: bool
+    _storing: dict[str, asyncio.Task[None]]
+    _requeued: set[str]
+    _orphans_swept: float
+
+    if TYPE_CHECKING:
+        def _record(
+            self, job_id: str, status: Status, description: str,
+            inline: Optional[bytes] = None, **fields: Unpack[Changes],
+        ) -> Job: ...
+
+        def _finished(self, name: str, job_id: str, runtime: Optional[float]) -> None: ...
+
+        # `Completion`'s.
+        async def _blocking(self, call: Callable[..., T], *args: Any) -> T: ...
+
+        async def settled(self) -> None: ...
+
     def recover(self) -> list[str]:
         """After a restart or a takeover: requeue what had not started, fail what may have run.
 
