@@ -95,6 +95,127 @@ def test_every_setting_is_documented():
     assert not missing, f"settings missing from the Configuration section: {missing}"
 
 
+# --- docs/deploying.md: every nnhost command, flag and setting it names -------------
+
+GUIDE = README.parent / "docs" / "deploying.md"
+#: Tokens a command line may start with before the command itself.
+_PREFIXES = {"sudo", "env", "exec"}
+#: A command line's separators: each part is one command.
+_SEPARATORS = re.compile(r"&&|\|\||[;|]")
+_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def guide_text() -> str:
+    return GUIDE.read_text(encoding="utf-8")
+
+
+def _all_parsers():
+    import argparse
+
+    from nnhost.cli import build_parser
+
+    root = build_parser()
+    found, pending = [], [root]
+    while pending:
+        parser = pending.pop()
+        found.append(parser)
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                pending.extend(action.choices.values())
+    return root, found
+
+
+def _shell_commands(block: str) -> list[list[str]]:
+    """Each command of a shell block, as tokens, continuation lines joined, comments dropped."""
+    import shlex
+
+    commands = []
+    for line in block.replace("\\\n", " ").splitlines():
+        for part in _SEPARATORS.split(line):
+            try:
+                tokens = shlex.split(part, comments=True)
+            except ValueError:
+                tokens = part.split()
+            if tokens:
+                commands.append(tokens)
+    return commands
+
+
+def _nnhost_problems(tokens: list[str], root) -> list[str]:
+    """Why ``tokens`` is not a command line nnhost accepts (flags checked per subcommand);
+    [] when it is, or when it is not an nnhost command at all."""
+    import argparse
+
+    while tokens and (tokens[0] in _PREFIXES or re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", tokens[0])):
+        tokens = tokens[1:]
+    if not tokens or tokens[0] != "nnhost":
+        return []
+    line, parser, words, problems = " ".join(tokens), root, ["nnhost"], []
+    rest = iter(tokens[1:])
+    for token in rest:
+        if token.startswith("-"):
+            name = token.split("=", 1)[0]
+            action = parser._option_string_actions.get(name)
+            if action is None:
+                problems.append(f"{' '.join(words)} has no {name} (in `{line}`)")
+            elif action.nargs != 0 and "=" not in token:
+                next(rest, None)  # its value
+            continue
+        commands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if commands:
+            if token not in commands[0].choices:
+                problems.append(f"{' '.join(words)} has no command {token!r} (in `{line}`)")
+                return problems
+            parser = commands[0].choices[token]
+            words.append(token)
+    return problems
+
+
+def test_deploying_guide_is_linked_from_the_readme():
+    assert "(docs/deploying.md)" in section(readme_text(), "Past one machine")
+
+
+def test_deploying_guide_nnhost_commands_exist():
+    root, _ = _all_parsers()
+    text = guide_text()
+    lines = [tokens for block in code_blocks(text, "sh") for tokens in _shell_commands(block)]
+    lines += [_shell_commands(span)[0] for span in _SPAN.findall(text) if span.startswith("nnhost ")]
+    checked = [tokens for tokens in lines if "nnhost" in tokens[:3]]
+    assert any(tokens[1:3] == ["serve", "--role"] for tokens in checked), "expected nnhost serve --role ..."
+    problems = [problem for tokens in lines for problem in _nnhost_problems(tokens, root)]
+    assert not problems, "docs/deploying.md names what nnhost does not have:\n" + "\n".join(problems)
+
+
+def test_deploying_guide_flags_in_prose_exist():
+    """A flag named in the text (outside code blocks and other tools' command lines) is nnhost's."""
+    _, parsers = _all_parsers()
+    known = {option for parser in parsers for action in parser._actions
+             for option in action.option_strings}
+    prose = _FENCE.sub("", guide_text())
+    # `ray start --head`, `pip install --index-url`: other tools' flags, not ours.
+    prose = _SPAN.sub(
+        lambda span: span.group(0) if span.group(1).startswith(("--", "nnhost ")) else "", prose
+    )
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", prose))
+    assert "--role" in named and "--results-endpoint" in named
+    assert named <= known, f"flags in docs/deploying.md that nnhost does not have: {named - known}"
+
+
+def test_deploying_guide_settings_are_accepted(tmp_path, monkeypatch):
+    """Each nnhost.toml of the guide loads as the server would load it: known keys, valid values."""
+    from nnhost.config import load_settings
+
+    for name in [name for name in os.environ if name.upper().startswith("NNHOST_")]:
+        monkeypatch.delenv(name)
+    blocks = code_blocks(guide_text(), "toml")
+    assert blocks, "expected the guide's nnhost.toml"
+    for index, block in enumerate(blocks):
+        path = tmp_path / f"nnhost-{index}.toml"
+        path.write_text(block, encoding="utf-8")
+        settings = load_settings({"data_dir": str(tmp_path / "data")}, path)
+        assert settings.catalog, "expected the guide's [[model]] table"
+
+
 # --- the examples, against a real server ---------------------------------------
 
 
