@@ -156,3 +156,25 @@ def test_api_processes_see_the_published_board_and_when_it_goes_stale(tmp_path):
         assert read_board(world.connection)["stale"]
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("api_key", [None, "nnh_" + "k" * 40])
+def test_processes_starting_together_on_a_new_database_make_one_admin(database_url, api_key):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nnhost.app import ensure_admin
+    from nnhost.auth.keys import KeyStore
+
+    databases = [connect(database_url) for _ in range(6)]
+    try:
+        with ThreadPoolExecutor(len(databases)) as pool:
+            shown = list(pool.map(lambda db: ensure_admin(KeyStore(db), api_key), databases))
+        keys = KeyStore(databases[0])
+        assert keys.user_count() == 1
+        if api_key:
+            assert shown == [None] * 6 and keys.has_key(api_key)
+        else:
+            assert len([key for key in shown if key]) == 1  # one key, shown once
+    finally:
+        for database in databases:
+            database.close()

@@ -123,18 +123,38 @@ def memory_budgets(settings: Settings, catalog: Optional[Catalog] = None) -> dic
 
 
 def ensure_admin(keys: KeyStore, api_key: Optional[str]) -> Optional[str]:
-    """Make sure someone can use a new server; returns a newly made key to show once."""
+    """Make sure someone can use a new server; returns a newly made key to show once.
+
+    Several processes (API processes, controllers) may start on one new database
+    at once: whichever makes the admin first wins, and the others use theirs.
+    """
+    from sqlalchemy.exc import IntegrityError
+
+    from .auth.keys import UserExists
+
     admin = keys.user_by_email(ADMIN_EMAIL)
     if api_key:
         if admin is None:
-            admin_id = keys.add_user(ADMIN_EMAIL, ("admin",))
+            try:
+                admin_id = keys.add_user(ADMIN_EMAIL, ("admin",))
+            except UserExists:
+                admin = keys.user_by_email(ADMIN_EMAIL)
+                assert admin is not None
+                admin_id = admin.user_id
         else:
             admin_id = admin.user_id
         if not keys.has_key(api_key):
-            keys.create_key(admin_id, name="--api-key", key=api_key)
+            try:
+                keys.create_key(admin_id, name="--api-key", key=api_key)
+            except IntegrityError:
+                if not keys.has_key(api_key):
+                    raise
         return None
     if keys.user_count() == 0:
-        admin_id = keys.add_user(ADMIN_EMAIL, ("admin",))
+        try:
+            admin_id = keys.add_user(ADMIN_EMAIL, ("admin",))
+        except UserExists:
+            return None  # another process made the admin, and showed its key
         return keys.create_key(admin_id, name="first start")
     return None
 

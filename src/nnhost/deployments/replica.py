@@ -48,7 +48,10 @@ from .slots import JobProcesses, Slot
 
 #: Only these reach the host process's environment (it gets nothing else of the server's).
 HOST_ENVIRONMENT = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "HOME",
-                    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM")
+                    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM",
+                    # The GPUs this process was given (by Ray for its actor, or by the
+                    # operator): the model's cuda:N are those, not the node's first ones.
+                    "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
 
 def _signal_name(exitcode: Optional[int]) -> str:
