@@ -120,7 +120,7 @@ def _detach_from_host(channel_fd: int, log_fd: int) -> None:
 
 def run_one(spec: JobSpec, runner: Any, channel: Channel) -> None:
     """Run the job, stream its events, hold back the final one until the output is flushed."""
-    from .integrity import shared_state, shared_state_changes
+    from .process_state import shared_state, shared_state_changes
 
     checked = time.perf_counter()
     before = shared_state()
