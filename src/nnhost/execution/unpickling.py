@@ -45,8 +45,8 @@ from .sandbox import (
     check_source,
     guarded_builtins,
     install_builtins,
-    untrusted,
 )
+from .library_hardening import untrusted
 from .unpickling_allowlist import (
     _BUILTIN_CONSTRUCTORS,
     _IMPORT_MACHINERY,
