@@ -10,13 +10,13 @@ import torch
 
 from nnhost.execution.integrity import ModelGuard
 from nnhost.execution.sandbox import (
-    DEFAULT_ALLOWED_IMPORTS,
     ImportRefused,
     SandboxPolicy,
     SandboxViolation,
     check_source,
     guarded_builtins,
 )
+from nnhost.execution.sandbox_rules import DEFAULT_ALLOWED_IMPORTS
 
 PROMPT = "The Eiffel Tower is in the city of"
 

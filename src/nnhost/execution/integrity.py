@@ -2,7 +2,7 @@
 
 With a fresh process per job (a contained model on the CPU, see `host`) the
 guard is not used: nothing a job changes outlives its process, and
-`shared_state` only lets the final message say what it changed. The guard
+`process_state.shared_state` only lets the final message say what it changed. The guard
 serves the processes that run many jobs: trusted mode and accelerators.
 
 Every request runs against the same loaded model, so whatever one request
@@ -42,21 +42,25 @@ How each kind of state is kept, and what it costs per job:
 
 The whole check takes a few milliseconds per job (it does not grow with the
 weights): see ``benchmarks/containment.py``.
+
+The snapshots of attribute dicts are `attribute_snapshots`; the process-wide
+state is read and put back by `process_state`. This module decides what is
+snapshotted and what is fatal, and must never let a change it could not undo
+pass as undone.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 import types
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
+from .attribute_snapshots import _All, _DictSnapshot, _namespace
+from .process_state import _children, _process_state, _restore_process_state, _stop_children
 from .weights import WeightImage, WeightSeal, fingerprint
-
-_CONTAINERS = (dict, list, set)
 
 
 @dataclass
@@ -73,131 +77,6 @@ class GuardReport:
         if self.restored:
             parts.append("undone: " + "; ".join(self.restored[:5]))
         return " ".join(parts)
-
-
-# --- snapshots of attribute dicts --------------------------------------------------------
-
-
-class _DictSnapshot:
-    """Identity snapshot of one object's attribute dict, one level into containers."""
-
-    __slots__ = ("owner", "name", "items", "contents", "quiet")
-
-    def __init__(self, owner: Any, name: str, quiet: Iterable[str] = ()) -> None:
-        self.owner = owner
-        self.name = name
-        #: Keys the library itself resets on every run: put back without a report.
-        self.quiet = quiet if isinstance(quiet, frozenset) else frozenset(quiet)
-        namespace = _namespace(owner)
-        self.items = dict(namespace)
-        self.contents = {
-            key: (list(value.items()) if isinstance(value, dict) else list(value))
-            for key, value in self.items.items()
-            if type(value) in _CONTAINERS or isinstance(value, dict)
-        }
-
-    def restore(self, report: GuardReport, deep: bool = True) -> None:
-        namespace = _namespace(self.owner)
-        if namespace is None:
-            return
-        changed = []
-        for key in [k for k in namespace if k not in self.items]:
-            if key in _CACHES or isinstance(self.owner, types.ModuleType):
-                # Written by the interpreter itself (copyreg, warnings), or a
-                # submodule the import system bound on its package.
-                continue
-            if key not in self.quiet and not _inherited(self.owner, key, namespace[key]):
-                changed.append(f"added {key}")
-            _delete(self.owner, namespace, key)
-        for key, value in self.items.items():
-            if key not in namespace or not _same(namespace[key], value):
-                if key not in self.quiet:
-                    changed.append(f"replaced {key}")
-                _assign(self.owner, namespace, key, value)
-        if deep:
-            for key, content in self.contents.items():
-                container = self.items[key]
-                if _same_contents(container, content):
-                    continue
-                if key not in self.quiet:
-                    changed.append(f"changed {key}")
-                if isinstance(container, dict):
-                    container.clear()
-                    container.update(content)
-                elif isinstance(container, list):
-                    container[:] = content
-                else:
-                    container.clear()
-                    container.update(content)
-        if changed:
-            report.restored.append(f"{self.name}: {', '.join(changed[:4])}")
-
-
-_PRIMITIVES = (str, int, float, bool, bytes, type(None))
-_CACHES = frozenset({"__slotnames__", "__warningregistry__"})
-
-
-class _All(frozenset):
-    """A ``quiet`` set that contains every key."""
-
-    def __contains__(self, key: object) -> bool:
-        return True
-
-
-def _same(a: Any, b: Any) -> bool:
-    return a is b or (type(a) is type(b) and type(a) in _PRIMITIVES and a == b)
-
-
-def _inherited(owner: Any, key: str, value: Any) -> bool:
-    """Whether ``value``, newly in a class's dict, is what its bases give it anyway.
-
-    Lookup on the class then finds the same object as before, so nothing
-    changed: nnsight's backward tracing, for one, puts ``torch.Tensor.grad``
-    back by assigning the descriptor the class inherits, which leaves it in
-    ``Tensor``'s own dict. Removing it is still right; reporting it is not.
-    """
-    if not isinstance(owner, type):
-        return False
-    for base in owner.__mro__[1:]:
-        if key in base.__dict__:
-            return base.__dict__[key] is value
-    return False
-
-
-def _namespace(owner: Any) -> Optional[dict]:
-    if isinstance(owner, type):
-        return dict(owner.__dict__)
-    try:
-        return object.__getattribute__(owner, "__dict__")
-    except AttributeError:
-        return None
-
-
-def _assign(owner: Any, namespace: dict, key: str, value: Any) -> None:
-    if isinstance(owner, type):
-        type.__setattr__(owner, key, value)
-    else:
-        namespace[key] = value
-
-
-def _delete(owner: Any, namespace: dict, key: str) -> None:
-    if isinstance(owner, type):
-        type.__delattr__(owner, key)
-    else:
-        namespace.pop(key, None)
-
-
-def _same_contents(container: Any, content: list) -> bool:
-    if isinstance(container, dict):
-        if len(container) != len(content):
-            return False
-        return all(container.get(k, _MISSING) is v for k, v in content)
-    if isinstance(container, list):
-        return len(container) == len(content) and all(a is b for a, b in zip(container, content))
-    return len(container) == len(content) and all(item in container for item in content)
-
-
-_MISSING = object()
 
 
 # --- modules refuse assignments from user code ----------------------------------------------
@@ -245,55 +124,6 @@ def guard_module_attributes(user_builtins: dict) -> int:
             except TypeError:
                 pass
     return guarded
-
-
-# --- process-wide state ----------------------------------------------------------------------
-
-
-def _process_state() -> dict:
-    import torch
-
-    state = {
-        "default dtype": torch.get_default_dtype(),
-        "grad mode": torch.is_grad_enabled(),
-        "torch threads": torch.get_num_threads(),
-        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
-        "matmul precision": torch.get_float32_matmul_precision(),
-        "anomaly detection": torch.is_anomaly_enabled(),
-        "torch random state": torch.get_rng_state(),
-    }
-    try:
-        import numpy
-
-        state["numpy random state"] = numpy.random.get_state()
-    except ImportError:
-        pass
-    return state
-
-
-def _restore_process_state(state: dict, report: GuardReport) -> None:
-    import torch
-
-    now = _process_state()
-    setters = {
-        "default dtype": torch.set_default_dtype,
-        "grad mode": torch.set_grad_enabled,
-        "torch threads": torch.set_num_threads,
-        "deterministic algorithms": torch.use_deterministic_algorithms,
-        "matmul precision": torch.set_float32_matmul_precision,
-        "anomaly detection": torch.autograd.set_detect_anomaly,
-    }
-    for name, setter in setters.items():
-        if now[name] != state[name]:
-            setter(state[name])
-            report.restored.append(f"torch {name}")
-    # Random states are put back silently: every job starts from the same seed
-    # state, so one user cannot predict or steer another's sampling.
-    torch.set_rng_state(state["torch random state"])
-    if "numpy random state" in state:
-        import numpy
-
-        numpy.random.set_state(state["numpy random state"])
 
 
 # --- the guard -------------------------------------------------------------------------------
@@ -459,35 +289,6 @@ class ModelGuard:
         return report
 
 
-def _children() -> set:
-    children: set = set()
-    try:
-        for task in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{task}/children") as file:
-                children.update(int(pid) for pid in file.read().split())
-    except OSError:
-        pass
-    return children
-
-
-def _stop_children(known: set) -> int:
-    """Kill and reap the child processes a job started (its DataLoader workers, say)."""
-    import signal
-
-    children = _children() - known
-    for pid in children:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    for pid in children:
-        try:
-            os.waitpid(pid, 0)
-        except OSError:
-            pass
-    return len(children)
-
-
 def _layout(tensor: Any) -> tuple:
     return (
         tuple(tensor.shape),
@@ -497,31 +298,3 @@ def _layout(tensor: Any) -> tuple:
         tensor.storage_offset(),
         bool(tensor.requires_grad),
     )
-
-
-# --- what a job changed in its own process (fork-per-job: reported, never restored) --------
-
-
-def shared_state() -> dict:
-    """torch's process-wide settings and global hooks, cheaply (tens of microseconds).
-
-    With one process per job nothing needs restoring: this only lets the final
-    message tell the user what their request changed in its own process.
-    """
-    import torch
-    from torch.nn.modules import module as torch_module
-
-    state = {key: value for key, value in _process_state().items() if "random" not in key}
-    state["default device"] = str(torch.get_default_device())
-    state["torch function modes"] = torch._C._len_torch_function_stack()
-    for name in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-                 "_global_module_registration_hooks"):
-        registry = getattr(torch_module, name, None)
-        if registry is not None:
-            state[f"global module hooks ({name.strip('_')})"] = len(registry)
-    return state
-
-
-def shared_state_changes(before: dict) -> list[str]:
-    after = shared_state()
-    return [f"torch {key}" for key, value in before.items() if after.get(key) != value]

@@ -30,16 +30,9 @@ import resource
 from typing import Optional
 
 from . import containment
-from .containment import (
-    CLONE_NEWIPC,
-    CLONE_NEWNET,
-    CLONE_NEWNS,
-    MS_NODEV,
-    MS_NOEXEC,
-    MS_NOSUID,
-    ContainmentPolicy,
-    ContainmentReport,
-)
+from .containment import ContainmentPolicy, ContainmentReport
+from .filesystem_layer import mount_scratch
+from .libc import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, MS_NODEV, MS_NOEXEC, MS_NOSUID, _c, _mount, _unshare
 
 CLONE_NEWPID = 0x20000000
 MiB = 1024 * 1024
@@ -78,7 +71,7 @@ class PidNamespaces:
     def fork(self) -> int:
         if self._own is None:
             return os.fork()
-        libc = containment._c()
+        libc = _c()
         if libc.unshare(CLONE_NEWPID) != 0:
             import ctypes
 
@@ -114,8 +107,8 @@ def contain_job(policy: ContainmentPolicy, uid: int, memory_cgroup: bool) -> Con
         report.active.append("pid namespace")
     else:
         report.unavailable["pid namespace"] = "the host could not create one"
-    layer("ipc", lambda: containment._unshare(CLONE_NEWIPC, "ipc namespace"), needs_root=True)
-    layer("network", lambda: containment._unshare(CLONE_NEWNET, "network namespace"), needs_root=True)
+    layer("ipc", lambda: _unshare(CLONE_NEWIPC, "ipc namespace"), needs_root=True)
+    layer("network", lambda: _unshare(CLONE_NEWNET, "network namespace"), needs_root=True)
     layer("filesystem", lambda: _fresh_filesystem(policy, uid), needs_root=True)
     layer("limits", lambda: _limits(policy, memory_cgroup))
     layer("identity", lambda: containment._drop_identity(uid, uid), needs_root=True)
@@ -123,11 +116,11 @@ def contain_job(policy: ContainmentPolicy, uid: int, memory_cgroup: bool) -> Con
 
 
 def _fresh_filesystem(policy: ContainmentPolicy, uid: int) -> None:
-    containment._unshare(CLONE_NEWNS, "mount namespace")
-    containment.mount_scratch(policy, uid, uid)
+    _unshare(CLONE_NEWNS, "mount namespace")
+    mount_scratch(policy, uid, uid)
     if os.getpid() == 1:
         # /proc of this job's own pid namespace: no other process is in it.
-        containment._mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
 
 
 def _vm_size() -> int:

@@ -97,7 +97,7 @@ def _detach_from_host(channel_fd: int, log_fd: int) -> None:
     """Keep nothing of the host's: only the channel, the log pipe as 1 and 2, /dev/null as 0."""
     import ctypes
 
-    from .containment import PR_SET_PDEATHSIG, _c
+    from .libc import PR_SET_PDEATHSIG, _c
 
     _c().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -120,7 +120,7 @@ def _detach_from_host(channel_fd: int, log_fd: int) -> None:
 
 def run_one(spec: JobSpec, runner: Any, channel: Channel) -> None:
     """Run the job, stream its events, hold back the final one until the output is flushed."""
-    from .integrity import shared_state, shared_state_changes
+    from .process_state import shared_state, shared_state_changes
 
     checked = time.perf_counter()
     before = shared_state()

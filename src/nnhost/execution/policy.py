@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, MutableMapping, Optional
 
 from .containment import ContainmentPolicy
-from .sandbox import DEFAULT_ALLOWED_IMPORTS, SandboxPolicy
+from .sandbox import SandboxPolicy
+from .sandbox_rules import DEFAULT_ALLOWED_IMPORTS
 
 ENVIRONMENT_KEY = "NNHOST_WORKER_POLICY"
 

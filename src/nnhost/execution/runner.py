@@ -11,7 +11,8 @@ Around that core this module adds what a shared server needs: the request's
 model environment applied and then restored, ``print()`` turned into LOG events
 as it happens, a time limit that interrupts even a pure-Python loop, the cost of
 the run (`meta`), the result written straight to the result store, and errors
-reported with the user's own traceback rather than ours.
+reported with the user's own traceback rather than ours (`memory_meter`,
+`result_writing` and `tracebacks` hold the parts that are not the run itself).
 
 It must never talk to the network, the database or the API: it receives a
 `JobSpec` and reports through a callback.
@@ -19,22 +20,19 @@ It must never talk to the network, the database or the API: it receives a
 
 from __future__ import annotations
 
-import io
 import os
-import pickle
 import signal
-import sys
-import sysconfig
 import threading
 import time
-import traceback
-import types
 from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator, Optional
 
 from .capture import capture_stdout
 from .events import JobEvent, JobSpec
+from .memory_meter import MemoryMeter
+from .result_writing import serialize_result, write_all, write_atomically
 from .sandbox import SandboxViolation
+from .tracebacks import user_traceback
 
 Emit = Callable[[JobEvent], None]
 
@@ -74,111 +72,6 @@ def time_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-# --- cost of a run ----------------------------------------------------------
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-class MemoryMeter:
-    """Peak memory a job adds on top of what was resident before it started.
-
-    On CUDA the allocator keeps the exact peak; on the CPU a sampling thread
-    reads the resident set size, which is what the machine actually pays.
-    """
-
-    def __init__(self, interval: float = 0.005) -> None:
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        self.baseline = 0
-        self.peak = 0
-        self.cuda_baseline = 0
-        self.cuda = False
-
-    def __enter__(self) -> "MemoryMeter":
-        import torch
-
-        self.cuda = torch.cuda.is_available()
-        if self.cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self.cuda_baseline = torch.cuda.memory_allocated()
-        self.baseline = self.peak = _rss_bytes()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.peak = max(self.peak, _rss_bytes())
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.peak = max(self.peak, _rss_bytes())
-
-    def report(self) -> dict:
-        meta = {"peak_memory_bytes": max(0, self.peak - self.baseline)}
-        if self.cuda:
-            import torch
-
-            meta["peak_gpu_memory_bytes"] = max(
-                0, torch.cuda.max_memory_allocated() - self.cuda_baseline
-            )
-        return meta
-
-
-# --- tracebacks -------------------------------------------------------------
-
-
-def _server_roots() -> tuple[str, ...]:
-    """Folders whose frames are the server's business, not the user's."""
-    roots = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            roots.add(os.path.abspath(path))
-    roots.update(os.path.abspath(p) for p in sys.path if "site-packages" in p)
-    return tuple(sorted(roots))
-
-
-_SERVER_ROOTS = _server_roots()
-
-
-def _is_users_frame(filename: str) -> bool:
-    if filename.startswith("<frozen"):
-        return False
-    return not os.path.abspath(filename).startswith(_SERVER_ROOTS)
-
-
-def user_traceback(error: BaseException) -> str:
-    """The exception as the user would see it locally: only their own frames.
-
-    The block's source was registered in `linecache` by the deserializer under
-    the user's filename, so those frames show the user's lines.
-    """
-    frames = [
-        frame
-        for frame in traceback.extract_tb(error.__traceback__)
-        if _is_users_frame(frame.filename)
-    ]
-    lines = []
-    if frames:
-        lines.append("Traceback (most recent call last):\n")
-        lines.extend(traceback.format_list(frames))
-    lines.extend(traceback.format_exception_only(type(error), error))
-    return "".join(lines).rstrip("\n")
-
-
 # --- isolation between requests ----------------------------------------------
 
 
@@ -208,66 +101,6 @@ def forget_sources() -> Iterator[None]:
         yield
     finally:
         clear()
-
-
-# --- results ----------------------------------------------------------------
-
-
-_PROTOCOL = 4
-
-
-class _DetachingPickler(pickle.Pickler):
-    """Pickles saved values as they are, with tensors cut off the server's autograd graph.
-
-    A saved activation may still hang off this run's graph (a user opted into
-    gradients); pickling it as is would drag the graph along, or fail. The
-    values themselves are never rebuilt: a model output class, a
-    ``torch.Size``, a named tuple or a dataclass goes out as that type, since
-    the client loads the blob with a full unpickler (``torch.load`` with
-    ``weights_only=False`` in nnsight's ``RemoteBackend``).
-    """
-
-    def reducer_override(self, obj: Any) -> Any:
-        import torch
-
-        if isinstance(obj, torch.Tensor) and obj.requires_grad and not obj.is_leaf:
-            return obj.detach().requires_grad_(True).__reduce_ex__(_PROTOCOL)
-        return NotImplemented
-
-
-#: What `torch.save` takes as its ``pickle_module``: only its Pickler is used.
-_PICKLE_MODULE = types.SimpleNamespace(Pickler=_DetachingPickler, __name__="nnhost_pickle")
-
-
-def serialize_result(saves: dict, compress: bool) -> bytes:
-    """The result blob: ``torch.save`` of the saved values, zstd when asked."""
-    import torch
-
-    buffer = io.BytesIO()
-    torch.save(dict(saves), buffer, pickle_module=_PICKLE_MODULE, pickle_protocol=_PROTOCOL)
-    data = buffer.getvalue()
-    if compress:
-        import zstandard
-
-        data = zstandard.ZstdCompressor(level=1, threads=-1).compress(data)
-    return data
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """Write ``data`` to a descriptor the server handed over (the job's result file)."""
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-    os.fsync(fd)
-
-
-def write_atomically(path: str, data: bytes) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    partial = f"{path}.partial"
-    with open(partial, "wb") as file:
-        file.write(data)
-    os.replace(partial, path)
 
 
 # --- the run ----------------------------------------------------------------

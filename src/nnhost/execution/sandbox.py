@@ -26,9 +26,12 @@ What it does:
   (for imports inside shipped functions, or spelled dynamically), and with
   ``getattr``/``setattr``/``delattr``/``hasattr`` that apply the attribute rules
   to names computed at run time.
-* `harden_libraries` closes the string-evaluating paths of allowed libraries
-  (``typing`` forward references, ``sympy``'s parser) by checking the string with
-  the same rules before it is evaluated.
+* `harden_libraries` (in `library_hardening`) closes the string-evaluating
+  paths of allowed libraries (``typing`` forward references, ``sympy``'s
+  parser) by checking the string with the same rules before it is evaluated.
+
+The rules themselves, as tables (which imports, attributes, names and methods
+are refused), are in `sandbox_rules`; this module applies them.
 
 It never decides anything about the worker process: see `containment`.
 """
@@ -37,82 +40,22 @@ from __future__ import annotations
 
 import ast
 import builtins as _builtins
-import contextlib
 import dis
 import sys
-import threading
 import types
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Optional
 
-#: What user code may import unless the operator says otherwise.
-DEFAULT_ALLOWED_IMPORTS: tuple[str, ...] = (
-    "builtins",
-    "math",
-    "typing",
-    "collections",
-    "time",
-    "torch",
-    "numpy",
-    "einops",
-    "sympy",
-    "nnterp",
+from .sandbox_rules import (
+    DEFAULT_ALLOWED_IMPORTS,
+    DENIED_ATTRIBUTES,
+    DENIED_METHODS,
+    DENIED_NAMES,
+    LAZY_SUBMODULES,
+    PROTOCOL_MODULES,
+    REMOVED_BUILTINS,
+    SAFE_DUNDERS,
 )
-
-#: Always importable: every request payload refers to nnsight's own objects.
-PROTOCOL_MODULES: tuple[str, ...] = ("nnsight",)
-
-#: Protocol methods a user may name: using them reveals nothing about the process.
-SAFE_DUNDERS = frozenset(
-    f"__{name}__"
-    for name in (
-        "init call len getitem setitem delitem contains iter next reversed enter exit "
-        "repr str format name qualname doc hash bool eq ne lt le gt ge "
-        "add sub mul truediv floordiv mod pow matmul and or xor lshift rshift divmod "
-        "radd rsub rmul rtruediv rfloordiv rmod rpow rmatmul rand ror rxor rlshift rrshift "
-        "iadd isub imul itruediv ifloordiv imod ipow imatmul iand ior ixor ilshift irshift "
-        "neg pos abs invert int float complex index round trunc floor ceil "
-        "array torch_function post_init"
-    ).split()
-)
-
-#: Attribute names refused wherever they appear: introspection that leads out of
-#: the sandbox, modules an allowed library happens to hold (``torch.os``), and
-#: functions that read or write files, unpickle, evaluate strings or reach memory.
-DENIED_ATTRIBUTES = frozenset(
-    (
-        # frames, code and the class graph
-        "tb_frame tb_next f_globals f_locals f_builtins f_back f_code f_trace "
-        "gi_frame gi_code cr_frame cr_code ag_frame ag_code co_code mro "
-        "func_globals func_code im_func im_self code globals SOURCES BLOCKS "
-        # modules that an allowed package holds as an attribute
-        "os sys subprocess builtins importlib ctypes _ctypes socket shutil pathlib "
-        "pickle cloudpickle dill marshal gc inspect threading _thread multiprocessing "
-        "signal posix nt resource mmap pty fcntl tempfile glob code codeop runpy "
-        "platform sysconfig site io types weakref linecache traceback asyncio "
-        "concurrent http urllib requests httpx ssl select selectors zipimport pkgutil "
-        "webbrowser atexit faulthandler tracemalloc serialization ctypeslib "
-        # files, pickles, native code, string evaluation, raw memory
-        "load loads from_file fromfile tofile memmap load_library read_array "
-        "npyio lib hub jit package cpp_extension _C _dynamo _inductor compile "
-        "deserialize lambdify parse_expr eval exec system popen spawnv execv fork "
-        "as_strided save_pretrained push_to_hub open loadtxt genfromtxt savetxt savez "
-        "savez_compressed fromregex DataSource read_text read_bytes write_text write_bytes "
-        "collect_env f2py distutils hipify _internal"
-    ).split()
-)
-
-#: Builtins user code does not get (each is a way out, or a way to the disk).
-REMOVED_BUILTINS = frozenset(
-    "eval exec compile open input breakpoint help exit quit copyright credits license "
-    "globals locals vars memoryview __loader__ __spec__".split()
-)
-
-#: Names a block may not mention at all.
-DENIED_NAMES = REMOVED_BUILTINS | {"__import__", "__builtins__"}
-
-#: Methods a user's class may not define.
-DENIED_METHODS = frozenset({"__del__", "__init_subclass__", "__set_name__", "__class_getitem__"})
 
 
 class SandboxViolation(Exception):
@@ -358,30 +301,6 @@ def _written_import(frame: Any) -> bool:
     return 0 <= offset < len(code) and code[offset] == _IMPORT_NAME
 
 
-#: Submodules allowed packages import lazily on first use of a function; loaded
-#: when a worker starts so that first use in a fresh process costs no import.
-LAZY_SUBMODULES: tuple[str, ...] = (
-    "numpy._core._methods",
-    "numpy._core._internal",
-    "numpy._core._exceptions",
-    "numpy._core._dtype",
-    "numpy._core.arrayprint",
-    "numpy.linalg",
-    "numpy.fft",
-    "numpy.random",
-    "numpy.lib._function_base_impl",
-    "numpy.lib._nanfunctions_impl",
-    "torch._tensor_str",
-    "torch.distributions",
-    "torch.linalg",
-    "torch.fft",
-    "torch.special",
-    "einops",
-    "einops._backends",
-    "sympy",
-)
-
-
 def preload_lazy_submodules(policy: SandboxPolicy) -> list[str]:
     """Import `LAZY_SUBMODULES` of the allowed packages now; the names that loaded."""
     import importlib
@@ -406,92 +325,3 @@ def install_builtins(namespace: dict, builtins_dict: dict) -> None:
     the libraries it calls keep their own.
     """
     namespace["__builtins__"] = builtins_dict
-
-
-# --- libraries that evaluate strings ------------------------------------------------
-
-_HARDENED: list[str] = []
-
-
-_UNTRUSTED = threading.local()
-
-
-@contextlib.contextmanager
-def untrusted() -> Iterator[None]:
-    """Mark this thread as working on the payload's behalf (while it is unpickled)."""
-    previous = getattr(_UNTRUSTED, "active", False)
-    _UNTRUSTED.active = True
-    try:
-        yield
-    finally:
-        _UNTRUSTED.active = previous
-
-
-def _called_from_user_code(user_builtins: dict) -> bool:
-    """Whether a frame of user code (it runs with ``user_builtins``) is on the stack."""
-    if getattr(_UNTRUSTED, "active", False):
-        return True
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_builtins is user_builtins:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _check_expression(text: Any, policy: SandboxPolicy, where: str, user_builtins: dict) -> None:
-    # Only strings user code had evaluated: libraries keep evaluating their own
-    # annotations as they always have.
-    if isinstance(text, str) and _called_from_user_code(user_builtins):
-        check_source(text, where, policy)
-
-
-def harden_libraries(policy: SandboxPolicy, user_builtins: dict) -> list[str]:
-    """Route the string evaluators of allowed libraries through `check_source`.
-
-    ``typing`` evaluates forward references with ``eval`` in its own globals,
-    and sympy's parser (behind ``sympify`` and every function that accepts a
-    string) evaluates the parsed text with full builtins. Both are reachable
-    from allowed imports, so the text is checked first, and sympy's evaluation
-    gets the guarded builtins.
-    """
-    if not policy.enabled or _HARDENED:
-        return list(_HARDENED)
-    import typing
-
-    original_evaluate = typing.ForwardRef._evaluate
-
-    def _evaluate(self, *args, **kwargs):
-        _check_expression(self.__forward_arg__, policy, "<type annotation>", user_builtins)
-        return original_evaluate(self, *args, **kwargs)
-
-    typing.ForwardRef._evaluate = _evaluate
-    _HARDENED.append("typing.ForwardRef")
-    try:
-        from sympy.parsing import sympy_parser
-    except Exception:  # sympy missing: nothing to harden
-        return list(_HARDENED)
-    original_stringify = sympy_parser.stringify_expr
-    original_eval_expr = sympy_parser.eval_expr
-
-    # sympy's parser is checked whoever calls it: its strings come from users
-    # (directly, or through a sympy object's constructor), never from torch.
-    def stringify_expr(*args, **kwargs):
-        # The Python text sympy is about to compile, whether it then evaluates
-        # it directly or rewrites it first (``evaluate=False``).
-        code = original_stringify(*args, **kwargs)
-        if isinstance(code, str):
-            check_source(code, "<sympy expression>", policy)
-        return code
-
-    def eval_expr(code, local_dict, global_dict):
-        if isinstance(code, str):
-            check_source(code, "<sympy expression>", policy)
-        global_dict = dict(global_dict)
-        global_dict["__builtins__"] = user_builtins
-        return original_eval_expr(code, local_dict, global_dict)
-
-    sympy_parser.stringify_expr = stringify_expr
-    sympy_parser.eval_expr = eval_expr
-    _HARDENED.append("sympy.parsing.sympy_parser.eval_expr")
-    return list(_HARDENED)

@@ -24,87 +24,43 @@ on a leash, with what a legitimate nnsight request needs and nothing more:
 
 The pure-Python unpickler is used because its opcodes can be overridden one by
 one; payloads are small (the model travels by reference), so its speed is not
-felt.
+felt. What may be named and called is listed in `unpickling_allowlist`; the
+checked reconstructors are in `unpickling_reconstructors`. This module applies
+them opcode by opcode, and must never let an opcode through unchecked.
 """
 
 from __future__ import annotations
 
-import abc
 import collections
 import enum
 import functools
 import importlib
-import io
 import pickle
 import types
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from .sandbox import (
     SandboxPolicy,
-    SandboxViolation,
     attribute_problem,
     check_source,
     guarded_builtins,
     install_builtins,
-    untrusted,
 )
-
-
-class RefusedPayload(SandboxViolation, pickle.UnpicklingError):
-    """The payload asks for something a request may not do while being read."""
-
-
-_SAFE_BUILTINS = frozenset(
-    "set frozenset list dict tuple bytes bytearray complex slice range int float str bool "
-    "object type abs all any len max min sum sorted round divmod pow zip map filter "
-    "enumerate reversed isinstance issubclass iter next repr format hash id chr ord bin hex "
-    "oct print callable NotImplemented Ellipsis".split()
+from .library_hardening import untrusted
+from .unpickling_allowlist import (
+    _BUILTIN_CONSTRUCTORS,
+    _IMPORT_MACHINERY,
+    _SAFE_BUILTINS,
+    RefusedPayload,
+    _builtin,
+    _describe,
+    _Inert,
+    _newobj_bases,
+    _refuse,
 )
-_BUILTIN_CONSTRUCTORS = (
-    set, frozenset, list, dict, tuple, bytes, bytearray, complex, slice, range, int, float,
-    str, bool,
-)
-_SAFE_TYPE_NAMES = frozenset(
-    "SimpleNamespace MethodType NoneType EllipsisType NotImplementedType GenericAlias UnionType"
-    .split()
-)
-_TORCH_REBUILDERS = {
-    "torch._utils": (
-        "_rebuild_tensor _rebuild_tensor_v2 _rebuild_tensor_v3 _rebuild_parameter "
-        "_rebuild_parameter_with_state _rebuild_device_tensor_from_numpy "
-        "_rebuild_device_tensor_from_cpu_tensor _rebuild_meta_tensor_no_storage"
-    ),
-}
-_NUMPY_REBUILDERS = {
-    "numpy._core.multiarray": "_reconstruct scalar",
-    "numpy.core.multiarray": "_reconstruct scalar",
-}
-#: Module loaders and specs travel inside a module shipped by value; a loader
-#: can read files, so each becomes an inert placeholder.
-_IMPORT_MACHINERY = ("_frozen_importlib", "_frozen_importlib_external", "importlib")
+from .unpickling_reconstructors import checked_reconstructors
 
-
-class _Inert:
-    """Stands in for an import spec or loader in a module shipped by value."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __setstate__(self, state: Any) -> None:
-        pass
-
-
-def _describe(obj: Any) -> str:
-    module = getattr(obj, "__module__", None) or type(obj).__module__
-    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
-    return f"{module}.{name}"
-
-
-def _refuse(what: str, why: str = "") -> RefusedPayload:
-    return RefusedPayload(
-        f"Your request's payload refers to {what}, which this server does not accept "
-        f"in a request{': ' + why if why else ''}."
-    )
+__all__ = ["RefusedPayload", "RestrictedUnpickler", "restricted_unpickler"]
 
 
 class RestrictedUnpickler(pickle._Unpickler):
@@ -195,144 +151,7 @@ class RestrictedUnpickler(pickle._Unpickler):
     # -- checked replacements for the reconstructors nnsight payloads use ----------
 
     def _install_substitutes(self) -> None:
-        from cloudpickle import cloudpickle as cp
-        from nnsight.intervention import serialization
-
-        policy, user_builtins = self.policy, self.builtins_dict
-        me = self
-
-        def subimport(name: str) -> Any:
-            policy.check_import(name)
-            if name.split(".")[0] == "builtins":
-                module = types.ModuleType("builtins")
-                vars(module).update(
-                    {k: v for k, v in user_builtins.items() if not k.startswith("__")}
-                )
-                return me._protect(module)
-            return me._protect(importlib.import_module(name))
-
-        def dynamic_subimport(name: str, namespace: dict) -> Any:
-            if not isinstance(name, str) or not isinstance(namespace, dict):
-                raise _refuse("a malformed module")
-            module = types.ModuleType(name)
-            skip = {"__builtins__", "__loader__", "__spec__", "__file__", "__cached__", "__path__"}
-            vars(module).update({k: v for k, v in namespace.items() if k not in skip})
-            install_builtins(vars(module), user_builtins)
-            return module
-
-        def builtin_type(name: str) -> Any:
-            if name not in _SAFE_TYPE_NAMES:
-                raise _refuse(f"types.{name}", "only plain data types are")
-            if name == "MethodType":
-                return me._allow_call(bind_method)
-            return me._allow_call(me._protect(getattr(types, name)))
-
-        def bind_method(function: Any, instance: Any) -> Any:
-            if not isinstance(function, (types.FunctionType, types.BuiltinFunctionType)):
-                raise _refuse("a method of something that is not a function")
-            return types.MethodType(function, instance)
-
-        def make_skeleton_class(type_constructor, name, bases, type_kwargs, tracker_id, extra):
-            if type_constructor not in (type, abc.ABCMeta):
-                raise _refuse(_describe(type_constructor), "classes must be plain classes")
-            if not isinstance(bases, tuple) or not all(isinstance(b, type) for b in bases):
-                raise _refuse("a class with bases that are not classes")
-            if not isinstance(type_kwargs, dict):
-                raise _refuse("a malformed class")
-            # No tracker id: a class must never resolve to one another request made.
-            cls = cp._make_skeleton_class(type_constructor, name, bases, type_kwargs, None, None)
-            me._classes[id(cls)] = cls
-            return me._allow_call(cls)
-
-        def class_setstate(obj: Any, state: Any) -> Any:
-            if id(obj) not in me._classes:
-                raise _refuse(_describe(obj), "only classes shipped in the request may be filled in")
-            return cp._class_setstate(obj, state)
-
-        def load_function(source, name, defaults, kwdefaults, annotations, filename, line):
-            if not (isinstance(source, str) and isinstance(name, str) and isinstance(filename, str)):
-                raise _refuse("a malformed function")
-            if not isinstance(line, int) or not 0 < line < 10_000_000:
-                raise _refuse("a malformed function")
-            check_source(source, f"[{name}:{line}] {filename}", policy)
-            loaded = serialization._load_function(
-                source, name, defaults, kwdefaults, annotations, filename, line
-            )
-            # Rebuilt around a fresh globals dict that holds the guarded builtins:
-            # a function takes its builtins from its globals when it is *made*,
-            # so setting them afterwards would not reach its calls.
-            namespace: dict = {}
-            install_builtins(namespace, user_builtins)
-            function = types.FunctionType(
-                loaded.__code__, namespace, loaded.__name__, loaded.__defaults__, loaded.__closure__
-            )
-            function.__kwdefaults__ = loaded.__kwdefaults__
-            function.__annotations__ = loaded.__annotations__
-            function.__qualname__ = loaded.__qualname__
-            me._functions[id(function)] = function
-            return function
-
-        def fill(function: Any, namespace: Any) -> None:
-            if id(function) not in me._functions or not isinstance(namespace, dict):
-                raise _refuse("globals for a function the request did not ship")
-            namespace = {k: v for k, v in namespace.items() if k != "__builtins__"}
-            function.__globals__.update(namespace)
-
-        def guarded_getattr(obj: Any, name: Any) -> Any:
-            problem = attribute_problem(name)
-            if problem:
-                raise _refuse(f"the attribute {name!r}", problem)
-            return me._protect(getattr(obj, name))
-
-        def numpy_dtype(spec: Any, align: bool = False, copy: bool = False) -> Any:
-            import numpy
-
-            # Always a copy: the shared dtype singletons must never be what a
-            # following BUILD writes into.
-            return numpy.dtype(spec, bool(align), True)
-
-        def load_from_bytes(data: Any) -> Any:
-            import torch
-
-            if not isinstance(data, (bytes, bytearray)):
-                raise _refuse("a malformed tensor storage")
-            return torch.load(io.BytesIO(data), weights_only=True)
-
-        def rebuild_from_type_v2(function, new_type, args, state):
-            import torch
-            from torch._tensor import _rebuild_from_type_v2
-
-            if id(function) not in me._callables or not (
-                isinstance(new_type, type) and issubclass(new_type, torch.Tensor)
-            ):
-                raise _refuse("a tensor rebuilt by something other than torch's rebuilders")
-            return _rebuild_from_type_v2(function, new_type, args, state)
-
-        cloud = "cloudpickle.cloudpickle"
-        substitutes: dict[tuple[str, str], Callable] = {
-            (cloud, "subimport"): subimport,
-            (cloud, "dynamic_subimport"): dynamic_subimport,
-            (cloud, "_builtin_type"): builtin_type,
-            (cloud, "_make_skeleton_class"): make_skeleton_class,
-            (cloud, "_class_setstate"): class_setstate,
-            (cloud, "_make_dict_keys"): cp._make_dict_keys,
-            (cloud, "_make_dict_values"): cp._make_dict_values,
-            (cloud, "_make_dict_items"): cp._make_dict_items,
-            ("nnsight.intervention.serialization", "_load_function"): load_function,
-            ("nnsight.intervention.serialization", "_fill"): fill,
-            ("builtins", "getattr"): guarded_getattr,
-            ("torch.storage", "_load_from_bytes"): load_from_bytes,
-            ("torch._tensor", "_rebuild_from_type_v2"): rebuild_from_type_v2,
-            ("numpy", "dtype"): numpy_dtype,
-        }
-        for module_name, names in {**_TORCH_REBUILDERS, **_NUMPY_REBUILDERS}.items():
-            try:
-                module = importlib.import_module(module_name)
-            except ImportError:
-                continue
-            for name in names.split():
-                if hasattr(module, name):
-                    substitutes[(module_name, name)] = getattr(module, name)
+        substitutes = checked_reconstructors(self)
         for function in substitutes.values():
             self._allow_call(function)
         self._substitutes = substitutes
@@ -527,31 +346,6 @@ class RestrictedUnpickler(pickle._Unpickler):
             install_builtins(namespace, self.builtins_dict)
             install_builtins(variables, self.builtins_dict)
         return result
-
-
-def _newobj_bases() -> tuple:
-    """Classes whose instances a payload may make (and then fill in with BUILD)."""
-    import types as _types
-
-    import torch
-
-    bases: list = [
-        torch.nn.Module, torch.Tensor, BaseException, _types.SimpleNamespace,
-        collections.OrderedDict, collections.defaultdict, collections.deque, functools.partial,
-    ]
-    try:
-        import numpy
-
-        bases.append(numpy.ndarray)
-    except ImportError:
-        pass
-    return tuple(bases)
-
-
-def _builtin(name: str) -> Any:
-    import builtins
-
-    return getattr(builtins, name)
 
 
 def restricted_unpickler(policy: SandboxPolicy) -> type:

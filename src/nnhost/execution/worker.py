@@ -119,7 +119,7 @@ def secure(model: Any, policy: Any, namespaces_problem: Optional[str], fork_mode
         print(f"nnhost worker {os.getpid()}: {report.describe()}", file=sys.stderr, flush=True)
         return Runner(model), None, report
     from .integrity import ModelGuard, guard_module_attributes
-    from .sandbox import harden_libraries
+    from .library_hardening import harden_libraries
     from .unpickling import restricted_unpickler
 
     sandbox = policy.sandbox

@@ -1,0 +1,122 @@
+"""Process-wide state a job can change: torch's and numpy's settings, child processes.
+
+Where one process serves many jobs, `ModelGuard` (`integrity`) snapshots this
+state with the model and puts it back after each job (`_process_state`,
+`_restore_process_state`), and stops the child processes a job started
+(`_stop_children`). With a process per job nothing needs restoring:
+`shared_state` only lets the final message say what the job changed.
+
+It must never touch the model or a job's results, and never let one job's
+random state show through to the next: random states are put back silently.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .integrity import GuardReport
+
+
+def _process_state() -> dict:
+    import torch
+
+    state = {
+        "default dtype": torch.get_default_dtype(),
+        "grad mode": torch.is_grad_enabled(),
+        "torch threads": torch.get_num_threads(),
+        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+        "matmul precision": torch.get_float32_matmul_precision(),
+        "anomaly detection": torch.is_anomaly_enabled(),
+        "torch random state": torch.get_rng_state(),
+    }
+    try:
+        import numpy
+
+        state["numpy random state"] = numpy.random.get_state()
+    except ImportError:
+        pass
+    return state
+
+
+def _restore_process_state(state: dict, report: GuardReport) -> None:
+    import torch
+
+    now = _process_state()
+    setters = {
+        "default dtype": torch.set_default_dtype,
+        "grad mode": torch.set_grad_enabled,
+        "torch threads": torch.set_num_threads,
+        "deterministic algorithms": torch.use_deterministic_algorithms,
+        "matmul precision": torch.set_float32_matmul_precision,
+        "anomaly detection": torch.autograd.set_detect_anomaly,
+    }
+    for name, setter in setters.items():
+        if now[name] != state[name]:
+            setter(state[name])
+            report.restored.append(f"torch {name}")
+    # Random states are put back silently: every job starts from the same seed
+    # state, so one user cannot predict or steer another's sampling.
+    torch.set_rng_state(state["torch random state"])
+    if "numpy random state" in state:
+        import numpy
+
+        numpy.random.set_state(state["numpy random state"])
+
+
+def _children() -> set:
+    children: set = set()
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as file:
+                children.update(int(pid) for pid in file.read().split())
+    except OSError:
+        pass
+    return children
+
+
+def _stop_children(known: set) -> int:
+    """Kill and reap the child processes a job started (its DataLoader workers, say)."""
+    import signal
+
+    children = _children() - known
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for pid in children:
+        try:
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+    return len(children)
+
+
+# --- what a job changed in its own process (fork-per-job: reported, never restored) --------
+
+
+def shared_state() -> dict:
+    """torch's process-wide settings and global hooks, cheaply (tens of microseconds).
+
+    With one process per job nothing needs restoring: this only lets the final
+    message tell the user what their request changed in its own process.
+    """
+    import torch
+    from torch.nn.modules import module as torch_module
+
+    state = {key: value for key, value in _process_state().items() if "random" not in key}
+    state["default device"] = str(torch.get_default_device())
+    state["torch function modes"] = torch._C._len_torch_function_stack()
+    for name in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_module_registration_hooks"):
+        registry = getattr(torch_module, name, None)
+        if registry is not None:
+            state[f"global module hooks ({name.strip('_')})"] = len(registry)
+    return state
+
+
+def shared_state_changes(before: dict) -> list[str]:
+    after = shared_state()
+    return [f"torch {key}" for key, value in before.items() if after.get(key) != value]

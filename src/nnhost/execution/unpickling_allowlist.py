@@ -1,0 +1,103 @@
+"""What a request payload may name and call while it is read, and how a refusal reads.
+
+The data `RestrictedUnpickler` (`unpickling`) and its checked reconstructors
+(`unpickling_reconstructors`) apply: the builtins a payload may name, the
+constructors and rebuilders it may call, the classes it may make. Kept apart
+from the opcode logic so that what is allowed can be read, and reviewed, in
+one place.
+
+It must never widen anything by itself: each entry here is a door for every
+request, so an addition needs the same scrutiny as a change to the unpickler.
+Nothing here imports or calls what it lists (`_newobj_bases` and `_builtin`
+only look names up when the unpickler asks).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import pickle
+from typing import Any
+
+from .sandbox import SandboxViolation
+
+
+class RefusedPayload(SandboxViolation, pickle.UnpicklingError):
+    """The payload asks for something a request may not do while being read."""
+
+
+_SAFE_BUILTINS = frozenset(
+    "set frozenset list dict tuple bytes bytearray complex slice range int float str bool "
+    "object type abs all any len max min sum sorted round divmod pow zip map filter "
+    "enumerate reversed isinstance issubclass iter next repr format hash id chr ord bin hex "
+    "oct print callable NotImplemented Ellipsis".split()
+)
+_BUILTIN_CONSTRUCTORS = (
+    set, frozenset, list, dict, tuple, bytes, bytearray, complex, slice, range, int, float,
+    str, bool,
+)
+_SAFE_TYPE_NAMES = frozenset(
+    "SimpleNamespace MethodType NoneType EllipsisType NotImplementedType GenericAlias UnionType"
+    .split()
+)
+_TORCH_REBUILDERS = {
+    "torch._utils": (
+        "_rebuild_tensor _rebuild_tensor_v2 _rebuild_tensor_v3 _rebuild_parameter "
+        "_rebuild_parameter_with_state _rebuild_device_tensor_from_numpy "
+        "_rebuild_device_tensor_from_cpu_tensor _rebuild_meta_tensor_no_storage"
+    ),
+}
+_NUMPY_REBUILDERS = {
+    "numpy._core.multiarray": "_reconstruct scalar",
+    "numpy.core.multiarray": "_reconstruct scalar",
+}
+#: Module loaders and specs travel inside a module shipped by value; a loader
+#: can read files, so each becomes an inert placeholder.
+_IMPORT_MACHINERY = ("_frozen_importlib", "_frozen_importlib_external", "importlib")
+
+
+class _Inert:
+    """Stands in for an import spec or loader in a module shipped by value."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+
+def _describe(obj: Any) -> str:
+    module = getattr(obj, "__module__", None) or type(obj).__module__
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
+    return f"{module}.{name}"
+
+
+def _refuse(what: str, why: str = "") -> RefusedPayload:
+    return RefusedPayload(
+        f"Your request's payload refers to {what}, which this server does not accept "
+        f"in a request{': ' + why if why else ''}."
+    )
+
+def _newobj_bases() -> tuple:
+    """Classes whose instances a payload may make (and then fill in with BUILD)."""
+    import types as _types
+
+    import torch
+
+    bases: list = [
+        torch.nn.Module, torch.Tensor, BaseException, _types.SimpleNamespace,
+        collections.OrderedDict, collections.defaultdict, collections.deque, functools.partial,
+    ]
+    try:
+        import numpy
+
+        bases.append(numpy.ndarray)
+    except ImportError:
+        pass
+    return tuple(bases)
+
+
+def _builtin(name: str) -> Any:
+    import builtins
+
+    return getattr(builtins, name)
