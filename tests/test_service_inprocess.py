@@ -297,7 +297,7 @@ def test_a_model_grows_while_jobs_wait_and_shrinks_back_when_idle(tmp_path):
     async def body():
         world = await World(
             tmp_path, [spec("org/a", 40 * MiB, replicas=1, max_replicas=3)],
-            budgets={"cpu": 100 * MiB}, memory_margin=0, scale_down_after=60,
+            budgets={"cpu": 100 * MiB}, memory_margin=0, scale_down_after=60, scale_up_after=0,
         ).start()
         deployment = world.deployments.get("org/a")
         jobs = [await world.submit(ADA, "org/a") for _ in range(4)]
@@ -342,3 +342,22 @@ def test_a_replica_is_asked_for_what_it_holds_on_each_device():
     big.shares = {f"cuda:{i}": 20 * MiB for i in range(8)}
     assert resources_for(big.hot_shares()) == {"num_cpus": 1, "num_gpus": 8}
     assert resources_for({"cpu": 40 * MiB}) == {"num_cpus": 1, "memory": 40 * MiB}
+
+
+def test_a_model_grows_only_once_its_oldest_job_has_waited_long_enough(tmp_path):
+    async def body():
+        world = await World(
+            tmp_path, [spec("org/a", 10 * MiB, replicas=1, max_replicas=2)], scale_up_after=30,
+        ).start()
+        deployment = world.deployments.get("org/a")
+        first, second = await world.submit(ADA, "org/a"), await world.submit(BOB, "org/a")
+        assert world.status(second) is Status.QUEUED
+        world.jobs.grow_waiting(now=time.monotonic() + 29)
+        assert len(deployment.replicas) == 1  # not yet: a short wait is cheaper than a load
+        world.jobs.grow_waiting(now=time.monotonic() + 31)
+        assert [r.name for r in deployment.replicas] == ["org/a#1", "org/a#2"]
+        world.fleet.latest("org/a#2").ready()
+        await world.settle()
+        assert world.status(second) is Status.DISPATCHED and world.status(first) is Status.DISPATCHED
+
+    run(body())

@@ -132,6 +132,9 @@ class Settings(BaseSettings):
     allow_trust_remote_code: bool = False
     #: Seconds an extra replica (beyond a model's ``replicas``) stays idle before it is stopped.
     scale_down_after: Duration = 300.0
+    #: Seconds a model's oldest queued job waits before another replica is started
+    #: (up to its ``max_replicas``, where there is room).
+    scale_up_after: Duration = 5.0
     #: Seconds a graceful shutdown (SIGTERM) waits for running jobs before requeueing them.
     shutdown_grace: Duration = 30.0
     #: "keys": every API call needs a key. "none": everyone is the local admin (loopback only).

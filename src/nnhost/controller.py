@@ -40,6 +40,8 @@ log = logging.getLogger("nnhost")
 
 #: How often jobs past their time limit are looked for.
 STUCK_SWEEP_SECONDS = 5.0
+#: How often queues are looked at for a model that should grow another replica.
+GROW_SECONDS = 1.0
 
 
 @dataclass
@@ -65,6 +67,7 @@ class Controller:
         requeued = self.service.recover()
         self.deployments.start()
         self._tasks.append(asyncio.create_task(self._sweep()))
+        self._tasks.append(asyncio.create_task(self._grow()))
         return requeued
 
     async def stop(self, grace: float) -> None:
@@ -72,6 +75,14 @@ class Controller:
             task.cancel()
         await self.service.drain(grace)
         await asyncio.to_thread(self.deployments.stop)
+
+    async def _grow(self) -> None:
+        while True:
+            await asyncio.sleep(GROW_SECONDS)
+            try:
+                self.service.grow_waiting()
+            except Exception:
+                log.exception("could not grow a waiting deployment")
 
     async def _sweep(self) -> None:
         settings, loop = self.settings, asyncio.get_running_loop()

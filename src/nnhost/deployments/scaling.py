@@ -1,9 +1,9 @@
 """Replicas per model between a minimum and a maximum, following the queue.
 
 A catalog entry's ``replicas`` is the minimum a HOT deployment keeps and
-``max_replicas`` (default: the same) the most it may grow to. When jobs wait
-for a deployment that has no free replica and none still loading, one more
-replica is started, if its share fits every device's budget (on a cluster:
+``max_replicas`` (default: the same) the most it may grow to. When the job
+service says a deployment's queue has waited long enough (``scale_up_after``)
+and it has no free replica and none still loading, one more replica is started, if its share fits every device's budget (on a cluster:
 some node's room) beside what is already placed there: growing never demotes another model (only a model that
 must become HOT at all does that). A replica beyond the minimum that has been
 idle for ``scale_down_after`` seconds is stopped, one at a time.

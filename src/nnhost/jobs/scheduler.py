@@ -18,6 +18,7 @@ only; it never touches the database or a replica.
 from __future__ import annotations
 
 import heapq
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Hashable, Optional
@@ -40,6 +41,8 @@ class FairQueue:
         self._vtime: dict[Hashable, float] = {}
         self._clock = 0.0
         self._arrival: dict[str, int] = {}
+        #: When each waiting job joined the queue (monotonic seconds), for `oldest_wait`.
+        self._since: dict[str, float] = {}
         self._counter = 0
         self._charged: dict[str, tuple[Hashable, float]] = {}
         #: Moving average of job runtimes here, used as the charge at dispatch.
@@ -57,6 +60,14 @@ class FairQueue:
         lane.jobs.append(job_id)
         self._counter += 1
         self._arrival[job_id] = self._counter
+        self._since[job_id] = time.monotonic()
+
+    def oldest_wait(self, now: Optional[float] = None) -> float:
+        """Seconds the longest-waiting job has been in this queue (0 when it is empty)."""
+        if not self._since:
+            return 0.0
+        now = time.monotonic() if now is None else now
+        return max(0.0, now - min(self._since.values()))
 
     def _rank(self, user: Hashable, vtime: float, head: str) -> _Rank:
         return (not self._lanes[user].priority, vtime, self._arrival[head])
@@ -76,6 +87,7 @@ class FairQueue:
         lane = self._lanes[user]
         job_id = lane.jobs.popleft()
         self._arrival.pop(job_id, None)
+        self._since.pop(job_id, None)
         self._clock = max(self._clock, self._vtime[user])
         cost = self.mean_runtime
         self._vtime[user] += cost
@@ -97,6 +109,7 @@ class FairQueue:
             if job_id in lane.jobs:
                 lane.jobs.remove(job_id)
                 self._arrival.pop(job_id, None)
+                self._since.pop(job_id, None)
                 if not lane.jobs:
                     del self._lanes[user]
                 return True
@@ -150,3 +163,6 @@ class Scheduler:
 
     def mean_runtime(self, deployment: str) -> float:
         return self.queue(deployment).mean_runtime
+
+    def oldest_wait(self, deployment: str, now: Optional[float] = None) -> float:
+        return self.queue(deployment).oldest_wait(now)

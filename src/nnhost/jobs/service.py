@@ -139,9 +139,21 @@ class JobService(Completion, Upkeep):
                 self._record(job.id, Status.QUEUED, "Waiting for the model to come back.")
                 self.scheduler.enqueue(name, job.user_id, job.id, priority=job.priority)
                 break
-        if self.scheduler.waiting(name) and not self.draining:
-            self.deployments.grow(name, self.scheduler.waiting(name))
+        self.grow(name)
         self._announce_positions(name)
+
+    def grow(self, name: str, now: Optional[float] = None) -> None:
+        """Start another replica of ``name`` once its oldest queued job has waited long enough."""
+        waiting = self.scheduler.waiting(name)
+        if not waiting or self.draining:
+            return
+        if self.scheduler.oldest_wait(name, now) >= self.settings.scale_up_after:
+            self.deployments.grow(name, waiting)
+
+    def grow_waiting(self, now: Optional[float] = None) -> None:
+        """`grow` every deployment with a queue (the controller calls it every second)."""
+        for name in self.deployments.deployments:
+            self.grow(name, now)
 
     def _fail_waiting(self, name: str, reason: str) -> None:
         while (job_id := self.scheduler.next(name)) is not None:
