@@ -178,3 +178,29 @@ def test_processes_starting_together_on_a_new_database_make_one_admin(database_u
     finally:
         for database in databases:
             database.close()
+
+
+def test_a_controller_whose_lease_is_not_fresh_hands_out_nothing(tmp_path):
+    async def body():
+        world = await World(tmp_path, [spec("org/a")]).start()
+        split = Split(world, tmp_path)
+        acting = False
+        world.jobs.may_act = lambda: acting
+        job_id = await split.submit("org/a")
+        assert split.relay.intake() == 0 and world.status(job_id) is Status.RECEIVED
+        acting = True  # renewed: it acts again, and the job moves
+        assert split.relay.intake() == 1
+        assert world.replica("org/a").ran == [job_id]
+        second = await split.submit("org/a")
+        acting = False
+        split.relay.intake()  # stale again: queued is as far as it goes
+        world.replica("org/a").run()
+        world.replica("org/a").complete(b"r")
+        await world.settle()
+        assert world.status(second) is Status.RECEIVED
+        acting = True
+        split.relay.intake()
+        world.jobs.pump_waiting()
+        assert world.replica("org/a").ran == [job_id, second]
+
+    asyncio.run(body())

@@ -352,9 +352,9 @@ def test_a_model_grows_only_once_its_oldest_job_has_waited_long_enough(tmp_path)
         deployment = world.deployments.get("org/a")
         first, second = await world.submit(ADA, "org/a"), await world.submit(BOB, "org/a")
         assert world.status(second) is Status.QUEUED
-        world.jobs.grow_waiting(now=time.monotonic() + 29)
+        world.jobs.pump_waiting(now=time.monotonic() + 29)
         assert len(deployment.replicas) == 1  # not yet: a short wait is cheaper than a load
-        world.jobs.grow_waiting(now=time.monotonic() + 31)
+        world.jobs.pump_waiting(now=time.monotonic() + 31)
         assert [r.name for r in deployment.replicas] == ["org/a#1", "org/a#2"]
         world.fleet.latest("org/a#2").ready()
         await world.settle()

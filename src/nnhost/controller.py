@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -40,8 +41,8 @@ log = logging.getLogger("nnhost")
 
 #: How often jobs past their time limit are looked for.
 STUCK_SWEEP_SECONDS = 5.0
-#: How often queues are looked at for a model that should grow another replica.
-GROW_SECONDS = 1.0
+#: How often queues are looked at (a model that should grow another replica).
+PUMP_SECONDS = 1.0
 
 
 @dataclass
@@ -67,7 +68,7 @@ class Controller:
         requeued = self.service.recover()
         self.deployments.start()
         self._tasks.append(asyncio.create_task(self._sweep()))
-        self._tasks.append(asyncio.create_task(self._grow()))
+        self._tasks.append(asyncio.create_task(self._pump()))
         return requeued
 
     async def stop(self, grace: float) -> None:
@@ -76,13 +77,13 @@ class Controller:
         await self.service.drain(grace)
         await asyncio.to_thread(self.deployments.stop)
 
-    async def _grow(self) -> None:
+    async def _pump(self) -> None:
         while True:
-            await asyncio.sleep(GROW_SECONDS)
+            await asyncio.sleep(PUMP_SECONDS)
             try:
-                self.service.grow_waiting()
+                self.service.pump_waiting()
             except Exception:
-                log.exception("could not grow a waiting deployment")
+                log.exception("could not move a waiting queue")
 
     async def _sweep(self) -> None:
         settings, loop = self.settings, asyncio.get_running_loop()
@@ -93,7 +94,7 @@ class Controller:
                 # No job stays DISPATCHED or RUNNING past its limit, whatever its worker says.
                 for name in self.deployments.shrink():
                     log.info("stopped idle extra replica %s", name)
-                stuck = self.service.sweep_stuck()
+                stuck = self.service.sweep_stuck() if self.service.may_act() else 0
                 if stuck:
                     log.warning("failed %d jobs that ran past their time limit", stuck)
                 if loop.time() - last >= every:
@@ -156,7 +157,11 @@ async def run_controller(
             waited = True
         await asyncio.sleep(RENEW_EVERY)
     log.info("this process (%s) is the controller now", lease.holder)
+    renewed = time.monotonic()
     controller = build()
+    # Fresh for a little less than the lease lasts: a stalled process stops acting
+    # before a standby can have taken over (machines' clocks must agree within a second).
+    controller.service.may_act = lambda: time.monotonic() - renewed < lease.ttl - RENEW_EVERY
     on_acting(controller)
     taken = controller.start()
     relay = Relay(controller.service, database, controller.board, taken=taken,
@@ -170,7 +175,9 @@ async def run_controller(
             except Exception:
                 log.exception("could not renew the controller lease")
                 held = False
-            if not held and not await asyncio.to_thread(lease.renew):
+            if held or await asyncio.to_thread(lease.renew):
+                renewed = time.monotonic()
+            else:
                 log.critical(
                     "this process lost the controller lease (another controller may act "
                     "now); stopping at once without touching a job"

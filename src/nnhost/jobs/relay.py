@@ -213,6 +213,8 @@ class Relay:
 
     def intake(self) -> int:
         """Queue the jobs API processes have stored since the last look."""
+        if not self.service.may_act():
+            return 0
         received = self.service.store.with_status((Status.RECEIVED,))
         self._taken &= {job.id for job in received}
         taken = 0
@@ -233,6 +235,8 @@ class Relay:
     def carry_out_commands(self) -> int:
         from .controls import carry_out
 
+        if not self.service.may_act():
+            return 0
         query = select(commands).where(commands.c.done_at.is_(None)).order_by(commands.c.id)
         with self.database.read() as db:
             pending = list(db.execute(query).mappings())

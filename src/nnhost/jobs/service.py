@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Iterable, Optional, Union, Unpack
+from typing import Callable, Iterable, Optional, Union, Unpack
 
 from ..config import Settings
 from ..deployments.manager import HOT, CannotFit, DeploymentManager
@@ -64,6 +64,10 @@ class JobService(Completion, Upkeep):
         self._orphans_swept = 0.0
         #: Set on graceful shutdown: nothing new is dispatched.
         self.draining = False
+        #: Whether this process may still act as the controller (its lease is fresh):
+        #: when it is not, nothing is dispatched, so a controller that stalled past
+        #: its lease cannot hand out a job its successor also hands out.
+        self.may_act: Callable[[], bool] = lambda: True
         self._requeued: set[str] = set()
         #: What each waiting job was last told (its status, and its description near the
         #: head of the queue or its band of 25 further back), so unchanged news is not re-sent.
@@ -90,10 +94,10 @@ class JobService(Completion, Upkeep):
         """Whether a deployment has jobs queued for it (it must not be evicted)."""
         return self.scheduler.waiting(name) > 0
 
-    def pump(self, name: str) -> None:
+    def pump(self, name: str, now: Optional[float] = None) -> None:
         """Bring the deployment up if jobs wait for it, then hand them to idle replicas."""
         deployment = self.deployments.get(name)
-        if self.scheduler.waiting(name) == 0:
+        if self.scheduler.waiting(name) == 0 or not self.may_act():
             return
         if deployment.target != "HOT" or deployment.unhealthy:
             # Say so first: the model is not up and memory is being found for it.
@@ -139,7 +143,7 @@ class JobService(Completion, Upkeep):
                 self._record(job.id, Status.QUEUED, "Waiting for the model to come back.")
                 self.scheduler.enqueue(name, job.user_id, job.id, priority=job.priority)
                 break
-        self.grow(name)
+        self.grow(name, now)
         self._announce_positions(name)
 
     def grow(self, name: str, now: Optional[float] = None) -> None:
@@ -150,10 +154,12 @@ class JobService(Completion, Upkeep):
         if self.scheduler.oldest_wait(name, now) >= self.settings.scale_up_after:
             self.deployments.grow(name, waiting)
 
-    def grow_waiting(self, now: Optional[float] = None) -> None:
-        """`grow` every deployment with a queue (the controller calls it every second)."""
+    def pump_waiting(self, now: Optional[float] = None) -> None:
+        """`pump` every deployment with a queue: the controller does every second, so a
+        queue that waited long enough grows, and one left while it could not act moves."""
         for name in self.deployments.deployments:
-            self.grow(name, now)
+            if self.scheduler.waiting(name):
+                self.pump(name, now)
 
     def _fail_waiting(self, name: str, reason: str) -> None:
         while (job_id := self.scheduler.next(name)) is not None:
