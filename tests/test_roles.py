@@ -53,7 +53,7 @@ def cluster(request, root, server_hf_home, test_snapshot, server, postgres, redi
         started.append(process)
         return process.start()
 
-    parts = {"database": database, "start": start}
+    parts = {"database": database, "start": start, "started": started}
     parts["controller"] = start("controller-a", "controller")
     parts["apis"] = [start("api-1", "api"), start("api-2", "api")]
     balancer = Balancer([api.port for api in parts["apis"]], websockets_to_first)
@@ -189,6 +189,43 @@ def test_a_standby_controller_takes_over_a_killed_one_and_runs_each_job_once(
         assert_identical(result["logits"], local)
 
     # None ran twice: each job printed its line exactly once.
+    engine = create_engine(cluster["database"])
+    try:
+        with engine.connect() as db:
+            for backend in [running, *queued]:
+                lines = db.execute(text("SELECT line FROM job_logs WHERE job_id = :id"),
+                                   {"id": backend.job_id}).scalars().all()
+                assert len(lines) == 1, (backend.job_id, lines)
+    finally:
+        engine.dispose()
+
+
+def test_a_controller_stopped_gracefully_finishes_its_job_and_hands_the_queue_over(
+    cluster, remote_model, local_model
+):
+    api_1, api_2 = cluster["apis"]
+    # The standby of the test before is the controller now; one more stands by.
+    cluster["start"]("controller-c", "controller")
+    acting = cluster["started"][-2]
+    running = _submit(remote_model, api_1.url, 3.0, "finishes on the old one")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        answer = httpx.get(f"{api_1.url}/response/{running.job_id}", headers=HEADERS, timeout=10)
+        if answer.json()["status"] == "RUNNING":
+            break
+        time.sleep(0.1)
+    queued = [_submit(remote_model, api_2.url, 0.0, f"after the handover {i}") for i in range(2)]
+    stopped = time.monotonic()
+    acting.stop(signal.SIGTERM, timeout=60)
+    print(f"the old controller stopped {time.monotonic() - stopped:.1f}s after SIGTERM")
+    until = time.monotonic() + 120
+    finished = {backend.job_id: _poll(backend, api_1.url, until) for backend in [running, *queued]}
+    with local_model.trace(PROMPT):
+        local = local_model.lm_head.output.save()
+    for backend in [running, *queued]:
+        status, result = finished[backend.job_id]
+        assert status == "COMPLETED", (status, result)
+        assert_identical(result["logits"], local)
     engine = create_engine(cluster["database"])
     try:
         with engine.connect() as db:
