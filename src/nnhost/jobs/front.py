@@ -125,7 +125,7 @@ class JobFront:
         self.store.create(job)
         self.observers.noted(job)
         self.link.accepted(job)
-        return self.store.get(job.id) or job
+        return job  # as accepted: the answer to the request is RECEIVED (PROTOCOL.md)
 
     # -- reading ---------------------------------------------------------------
 
