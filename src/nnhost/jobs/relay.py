@@ -4,7 +4,7 @@
 calls the controller's `JobService` directly, on the same event loop.
 
 With separate processes (``role = "api"`` and ``"controller"``), they share
-only the database (and the event bus, for the websockets' updates):
+the database, the result store and the event bus (for the websockets' updates):
 
 - An API process stores a job as RECEIVED with its payload and calls the
   controller on the event bus (`WAKE`); the controller's `Relay` then looks for
