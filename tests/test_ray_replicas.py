@@ -22,6 +22,7 @@ from conftest import API_KEY, TEST_REPO
 from nnhost.deployments.sizing import tensor_bytes
 from nnhost.testing import ServerProcess
 from service_ray import ray_cluster  # noqa: F401  (the fixture)
+from service_redis import redis_server  # noqa: F401  (the fixture)
 from test_accounts import as_client
 
 PROMPT = "The Eiffel Tower is in the city of"
@@ -73,6 +74,38 @@ def test_jobs_run_on_a_ray_node_with_local_results(ray_server, ray_cluster, remo
         logits = local_model.lm_head.output.save()
     for got in remote:
         assert_identical(got, (hidden, logits))
+
+
+def test_an_api_process_and_a_controller_on_ray_serve_the_client(
+    root, server_hf_home, ray_cluster, postgres, redis_server,  # noqa: F811
+    remote_model, local_model, ray_server,
+):
+    """The whole cluster mode at once: replicas on Ray, API and controller apart, PostgreSQL, Redis.
+
+    Before a node is lost below: each worker node has room for one replica, and
+    the other server's holds one of them."""
+    shared = ["--database", postgres.new_database(), "--events", redis_server.url,
+              "--results", str(root / "ray-roles-results"), "--time-limit", "60"]
+    controller = ServerProcess(
+        [TEST_REPO], data_dir=root / "ray-roles-controller", hf_home=server_hf_home,
+        api_key=API_KEY, extra_args=["--role", "controller", "--cluster", ray_cluster.address, *shared],
+    )
+    api = ServerProcess(
+        [TEST_REPO], data_dir=root / "ray-roles-api", hf_home=server_hf_home, api_key=API_KEY,
+        extra_args=["--role", "api", *shared],
+    )
+    try:
+        controller.start(timeout=300)
+        api.start(timeout=120)
+        assert re.search(r"On Ray node [0-9a-f]+", api.status()["deployments"][TEST_REPO]["description"])
+        with as_client(api, API_KEY):
+            hidden, logits = trace(remote_model)
+        with local_model.trace(PROMPT):
+            expected = local_model.lm_head.output.save()
+        assert_identical(logits, expected)
+    finally:
+        api.stop()
+        controller.stop()
 
 
 class Answering(ServerProcess):
@@ -154,3 +187,4 @@ def test_losing_the_node_fails_its_job_and_the_replica_moves(ray_server, ray_clu
     assert_identical(logits, expected)
     metrics = httpx.get(f"{ray_server.url}/metrics").text
     assert f'nnhost_worker_restarts_total{{model="{TEST_REPO}"}} 1.0' in metrics
+
