@@ -25,7 +25,6 @@ from ..execution.events import JobEvent, JobSpec
 from ..storage.payloads import JobPayloads
 from ..storage.results import ResultStore
 from .bus import EventBus
-from .completion import Completion
 from .intake import LogBudget, check_event, clean_text, event_job_id, runtime_of
 from .job import Job, Status
 from .observer import JobObserver, Observers
@@ -37,7 +36,7 @@ from .upkeep import Upkeep
 log = logging.getLogger("nnhost.jobs")
 
 
-class JobService(Completion, Upkeep):
+class JobService(Upkeep):
     def __init__(
         self,
         settings: Settings,

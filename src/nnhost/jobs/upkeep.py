@@ -2,7 +2,8 @@
 
 Split from `service` so the lifecycle of one job reads on its own. `Upkeep`
 is a part of `JobService` (it uses the service's store, scheduler, payloads,
-result store and deployments) and runs on the same event loop. It must never
+result store and deployments) and builds on `Completion` (a shutdown waits
+for results being stored) and runs on the same event loop. It must never
 run a job twice: a job that may already have run is failed, not requeued,
 unless the server itself stopped it before it could finish.
 """
@@ -12,55 +13,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Unpack
+from typing import TYPE_CHECKING, Optional
 
 from ..units import format_duration
+from .completion import Completion
 from .intake import LIVE_STATUSES
 from .job import Status
 
 if TYPE_CHECKING:
-    from ..config import Settings
     from ..deployments.manager import DeploymentManager
     from ..storage.payloads import JobPayloads
-    from ..storage.results import ResultStore
-    from .job import Job
     from .scheduler import Scheduler
-    from .store import Changes, JobStore
 
 log = logging.getLogger("nnhost.jobs")
-T = TypeVar("T")
-
 #: Seconds past the time limit and kill grace before a silent job is failed.
 STUCK_MARGIN = 15.0
 #: Most seconds between two looks for stored results the database forgot (listing a bucket costs).
 ORPHAN_SWEEP_SECONDS = 3600.0
 
 
-class Upkeep:
-    # What it uses of `JobService` (which sets them), declared so each part is checked alone.
-    settings: Settings
-    store: JobStore
+class Upkeep(Completion):
+    # What it uses of `JobService` beyond `Completion`'s (which declares the settings,
+    # stores and `_record`), declared so each part is checked alone.
     scheduler: Scheduler
     deployments: DeploymentManager
     payloads: JobPayloads
-    results: ResultStore
     draining: bool
-    _storing: dict[str, asyncio.Task[None]]
     _requeued: set[str]
     _orphans_swept: float
-
-    if TYPE_CHECKING:
-        def _record(
-            self, job_id: str, status: Status, description: str,
-            inline: Optional[bytes] = None, **fields: Unpack[Changes],
-        ) -> Job: ...
-
-        def _finished(self, name: str, job_id: str, runtime: Optional[float]) -> None: ...
-
-        # `Completion`'s.
-        async def _blocking(self, call: Callable[..., T], *args: Any) -> T: ...
-
-        async def settled(self) -> None: ...
 
     def recover(self) -> list[str]:
         """After a restart or a takeover: requeue what had not started, fail what may have run.
