@@ -19,6 +19,7 @@ from typing import Any, Iterable, Optional, Protocol
 
 from ..auth.keys import Principal
 from ..deployments.catalog import Catalog, ModelKey
+from ..storage.payloads import JobPayloads
 from .bus import EventBus
 from .job import Job, Status
 from .observer import JobObserver, Observers
@@ -50,12 +51,6 @@ class Submission:
     env: dict[str, Any]
 
 
-class Payloads(Protocol):
-    """Where accepted payloads wait for the controller (`storage.blobs`, `storage.payloads`)."""
-
-    def write(self, job_id: str, data: bytes) -> Any: ...
-
-
 class ControllerLink(Protocol):
     """How an API process reaches the controller, wherever it runs."""
 
@@ -77,7 +72,7 @@ class JobFront:
         self,
         store: JobStore,
         bus: EventBus,
-        payloads: Payloads,
+        payloads: JobPayloads,
         catalog: Catalog,
         link: ControllerLink,
         observers: Iterable[JobObserver] = (),
