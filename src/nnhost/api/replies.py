@@ -28,33 +28,27 @@ def result_url(server, job_id: str, expires_at: Optional[float], base_url: str) 
     return server.results.signed_url(job_id, ttl, base)
 
 
+def _response(server, job_id: str, status: Status, description: str, meta: Optional[dict],
+              expires_at: Optional[float], base_url: str, inline: Optional[bytes] = None) -> Response:
+    """What the client parses for a job at ``status``: ``data`` is the inline result, or
+    on COMPLETED a signed link; ``meta`` only once the job has ended."""
+    data: object = inline
+    if status is Status.COMPLETED and inline is None:
+        data = result_url(server, job_id, expires_at, base_url)
+    return Response(id=job_id, status=status.value, description=description, data=data,
+                    meta=meta if status.final else None)
+
+
 def job_response(server, job: Job, base_url: str) -> Response:
     """The Response for ``job`` as it stands (a link when it COMPLETED)."""
-    data = None
-    if job.status is Status.COMPLETED:
-        data = result_url(server, job.id, job.result_expires_at, base_url)
-    return Response(
-        id=job.id,
-        status=job.status.value,
-        description=job.description,
-        data=data,
-        meta=job.meta if job.status.final else None,
-    )
+    return _response(server, job.id, job.status, job.description, job.meta,
+                     job.result_expires_at, base_url)
 
 
 def update_frame(server, update: JobUpdate) -> str | bytes:
     """The websocket frame for a published update: JSON text, or bytes with an inline result."""
     status = Status(update.status)
-    meta = update.meta if status.final else None
-    if status is Status.COMPLETED and update.inline is not None:
-        return Response(
-            id=update.job_id, status=status.value, description=update.description,
-            data=update.inline, meta=meta,
-        ).pickle()
-    data = None
-    if status is Status.COMPLETED:
-        data = result_url(server, update.job_id, update.result_expires_at, update.base_url)
-    return Response(
-        id=update.job_id, status=status.value, description=update.description,
-        data=data, meta=meta,
-    ).model_dump_json()
+    inline = update.inline if status is Status.COMPLETED else None
+    response = _response(server, update.job_id, status, update.description, update.meta,
+                         update.result_expires_at, update.base_url, inline)
+    return response.pickle() if inline is not None else response.model_dump_json()
