@@ -27,6 +27,7 @@ from moto_s3 import CREDENTIALS, S3Endpoint
 from parity_programs import PROGRAMS
 from nnhost.testing import ServerProcess
 from service_redis import redis_server  # noqa: F401  (the fixture)
+from test_accounts import as_client
 
 PROMPT = "The Eiffel Tower is in the city of"
 HEADERS = {"ndif-api-key": API_KEY}
@@ -66,25 +67,12 @@ def cluster(request, root, server_hf_home, test_snapshot, server, postgres, redi
         endpoint.stop()
 
 
-def _on(url: str):
-    from nnsight import CONFIG
-
-    previous = CONFIG.API.HOST
-    CONFIG.API.HOST = url
-    return previous
-
-
 def test_api_processes_share_the_work_with_results_equal_to_local(cluster, remote_model, local_model):
-    from nnsight import CONFIG
-
     balancer = cluster["balancer"]
-    previous = _on(balancer.url)
-    try:
+    with as_client(balancer, API_KEY):
         with remote_model.trace(PROMPT, remote=True):
             remote = remote_model.lm_head.output.save()
             print("through two API processes")
-    finally:
-        CONFIG.API.HOST = previous
     with local_model.trace(PROMPT):
         local = local_model.lm_head.output.save()
     assert_identical(remote, local)
@@ -120,26 +108,18 @@ def test_every_parity_program_runs_through_the_split_cluster(
     assert_identical(program(remote_model, cluster["balancer"].url), program(local_model, False))
 
 
-def _submit(model, url, seconds: float, tag: str):
+def _submit(model, api, seconds: float, tag: str):
     """A non-blocking job that prints ``tag`` and then sleeps; its backend, to poll."""
-    from nnsight import CONFIG
-
-    previous = _on(url)
-    try:
+    with as_client(api, API_KEY):
         with model.trace(PROMPT, remote=True, blocking=False) as tracer:
             print(tag)
             time.sleep(seconds)
             logits = model.lm_head.output.save()  # noqa: F841
-    finally:
-        CONFIG.API.HOST = previous
     return tracer.backend
 
 
-def _poll(backend, url, until: float):
-    from nnsight import CONFIG
-
-    previous = _on(url)
-    try:
+def _poll(backend, api, until: float):
+    with as_client(api, API_KEY):
         result = None
         while result is None and time.monotonic() < until:
             try:
@@ -148,8 +128,29 @@ def _poll(backend, url, until: float):
                 return ("ERROR", str(error))
             time.sleep(0.2)
         return ("COMPLETED", result) if result is not None else (backend.status, None)
+
+
+def _wait_running(api, job_id: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        answer = httpx.get(f"{api.url}/response/{job_id}", headers=HEADERS, timeout=10)
+        if answer.json()["status"] == "RUNNING":
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} never ran: {answer.text}")
+
+
+def _each_printed_once(cluster, backends) -> None:
+    """None ran twice: each job's one print() is in the database exactly once."""
+    engine = create_engine(cluster["database"])
+    try:
+        with engine.connect() as db:
+            for backend in backends:
+                lines = db.execute(text("SELECT line FROM job_logs WHERE job_id = :id"),
+                                   {"id": backend.job_id}).scalars().all()
+                assert len(lines) == 1, (backend.job_id, lines)
     finally:
-        CONFIG.API.HOST = previous
+        engine.dispose()
 
 
 def test_a_standby_controller_takes_over_a_killed_one_and_runs_each_job_once(
@@ -160,22 +161,16 @@ def test_a_standby_controller_takes_over_a_killed_one_and_runs_each_job_once(
     holder = httpx.get(f"{api_1.url}/status", timeout=10).json()
     assert "controller" not in holder  # the acting controller reports
 
-    running = _submit(remote_model, api_1.url, 20.0, "the long one")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        answer = httpx.get(f"{api_2.url}/response/{running.job_id}", headers=HEADERS, timeout=10)
-        if answer.json()["status"] == "RUNNING":
-            break
-        time.sleep(0.1)
-    assert answer.json()["status"] == "RUNNING", answer.text
-    queued = [_submit(remote_model, (api_1, api_2)[i % 2].url, 0.0, f"queued {i}") for i in range(3)]
+    running = _submit(remote_model, api_1, 20.0, "the long one")
+    _wait_running(api_2, running.job_id)
+    queued = [_submit(remote_model, (api_1, api_2)[i % 2], 0.0, f"queued {i}") for i in range(3)]
 
     cluster["controller"].stop(signal.SIGKILL)
     killed = time.monotonic()
     finished = {}
     until = time.monotonic() + 120
     for backend in [running, *queued]:
-        finished[backend.job_id] = _poll(backend, api_2.url, until)
+        finished[backend.job_id] = _poll(backend, api_2, until)
     took_over = time.monotonic() - killed
     print(f"standby took over and ran the queued jobs {took_over:.1f}s after the SIGKILL")
 
@@ -187,17 +182,7 @@ def test_a_standby_controller_takes_over_a_killed_one_and_runs_each_job_once(
         status, result = finished[backend.job_id]
         assert status == "COMPLETED", (status, result, standby.log_tail())
         assert_identical(result["logits"], local)
-
-    # None ran twice: each job printed its line exactly once.
-    engine = create_engine(cluster["database"])
-    try:
-        with engine.connect() as db:
-            for backend in [running, *queued]:
-                lines = db.execute(text("SELECT line FROM job_logs WHERE job_id = :id"),
-                                   {"id": backend.job_id}).scalars().all()
-                assert len(lines) == 1, (backend.job_id, lines)
-    finally:
-        engine.dispose()
+    _each_printed_once(cluster, [running, *queued])
 
 
 def test_a_controller_stopped_gracefully_finishes_its_job_and_hands_the_queue_over(
@@ -207,34 +192,21 @@ def test_a_controller_stopped_gracefully_finishes_its_job_and_hands_the_queue_ov
     # The standby of the test before is the controller now; one more stands by.
     cluster["start"]("controller-c", "controller")
     acting = cluster["started"][-2]
-    running = _submit(remote_model, api_1.url, 3.0, "finishes on the old one")
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        answer = httpx.get(f"{api_1.url}/response/{running.job_id}", headers=HEADERS, timeout=10)
-        if answer.json()["status"] == "RUNNING":
-            break
-        time.sleep(0.1)
-    queued = [_submit(remote_model, api_2.url, 0.0, f"after the handover {i}") for i in range(2)]
+    running = _submit(remote_model, api_1, 3.0, "finishes on the old one")
+    _wait_running(api_1, running.job_id)
+    queued = [_submit(remote_model, api_2, 0.0, f"after the handover {i}") for i in range(2)]
     stopped = time.monotonic()
     acting.stop(signal.SIGTERM, timeout=60)
     print(f"the old controller stopped {time.monotonic() - stopped:.1f}s after SIGTERM")
     until = time.monotonic() + 120
-    finished = {backend.job_id: _poll(backend, api_1.url, until) for backend in [running, *queued]}
+    finished = {backend.job_id: _poll(backend, api_1, until) for backend in [running, *queued]}
     with local_model.trace(PROMPT):
         local = local_model.lm_head.output.save()
     for backend in [running, *queued]:
         status, result = finished[backend.job_id]
         assert status == "COMPLETED", (status, result)
         assert_identical(result["logits"], local)
-    engine = create_engine(cluster["database"])
-    try:
-        with engine.connect() as db:
-            for backend in [running, *queued]:
-                lines = db.execute(text("SELECT line FROM job_logs WHERE job_id = :id"),
-                                   {"id": backend.job_id}).scalars().all()
-                assert len(lines) == 1, (backend.job_id, lines)
-    finally:
-        engine.dispose()
+    _each_printed_once(cluster, [running, *queued])
 
 
 def test_a_split_role_without_a_shared_bus_is_refused_saying_why(root, server_hf_home, test_snapshot):
