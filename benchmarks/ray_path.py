@@ -20,12 +20,11 @@ import argparse
 import statistics
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_clients import ClientPool  # noqa: E402
-from suite import REPO, Table, check_same, small, timed  # noqa: E402
+from suite import REPO, Table, check_same, client_and_local, small, timed  # noqa: E402
 
 API_KEY = "nnh_bench_" + "r" * 40
 
@@ -64,11 +63,6 @@ def main() -> int:
     table = Table()
     pool = None
     try:
-        import nnsight
-        from nnsight import LanguageModel
-
-        nnsight.CONFIG.APP.REMOTE_LOGGING = False
-
         def serve(name: str, extra: list, toml: str = "") -> ServerProcess:
             data = root / name
             data.mkdir()
@@ -79,12 +73,7 @@ def main() -> int:
 
         figures = {}
         server = serve("local", [])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            remote = LanguageModel(REPO)
-            local = LanguageModel(str(snapshot), dispatch=True)
-        for parameter in local._module.parameters():
-            parameter.requires_grad_(False)
+        remote, local = client_and_local(snapshot)
         expected = small(local).detach()
         pool = ClientPool(args.clients, REPO)
         try:

@@ -24,7 +24,6 @@ import signal
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -32,7 +31,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 from bench_clients import ClientPool  # noqa: E402
 from ray_path import latency  # noqa: E402
-from suite import REPO, Table, check_same, small  # noqa: E402
+from suite import REPO, Table, check_same, client_and_local, small  # noqa: E402
 
 API_KEY = "nnh_bench_" + "s" * 40
 
@@ -58,11 +57,7 @@ def main() -> int:
     postgres, redis = Postgres().start(), RedisProcess()
     table, started, pool = Table(), [], None
     try:
-        import nnsight
-        from nnsight import LanguageModel
         from nnsight.intervention.backends.remote import RemoteBackend
-
-        nnsight.CONFIG.APP.REMOTE_LOGGING = False
 
         def serve(name: str, extra: list, port=None) -> ServerProcess:
             process = ServerProcess([REPO], data_dir=root / name, hf_home=hf_home, api_key=API_KEY,
@@ -72,12 +67,7 @@ def main() -> int:
 
         figures = {}
         single = serve("all", [], port=front_port)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            remote = LanguageModel(REPO)
-            local = LanguageModel(str(snapshot), dispatch=True)
-        for parameter in local._module.parameters():
-            parameter.requires_grad_(False)
+        remote, local = client_and_local(snapshot)
         expected = small(local).detach()
         pool = ClientPool(args.clients, REPO)
         figures["all"] = latency(remote, local, single.url, args.repeats)

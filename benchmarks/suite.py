@@ -93,6 +93,22 @@ class Table:
                   f"{comparison} {ratio}  {row['unit']}")
 
 
+def client_and_local(snapshot: Path):
+    """The model as a client builds it (described by the server's Hub mirror), and the same
+    weights loaded here, frozen as the server holds them; the client's remote logging off."""
+    import nnsight
+    from nnsight import LanguageModel
+
+    nnsight.CONFIG.APP.REMOTE_LOGGING = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        remote = LanguageModel(REPO)
+        local = LanguageModel(str(snapshot), dispatch=True)
+    for parameter in local._module.parameters():
+        parameter.requires_grad_(False)
+    return remote, local
+
+
 def small(model, **kwargs):
     with model.trace(PROMPT, **kwargs):
         logits = model.lm_head.output[:, -1].save()
@@ -354,16 +370,7 @@ def main(argv: Optional[list] = None) -> int:
         for name, extra in names.items():
             servers[name] = ServerProcess([REPO], data_dir=root / name.replace(" ", "-"), hf_home=hf_home,
                                           api_key=API_KEY, port=ports[name], extra_args=extra).start()
-        import nnsight
-        from nnsight import LanguageModel
-
-        nnsight.CONFIG.APP.REMOTE_LOGGING = False
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            remote = LanguageModel(REPO)
-            local = LanguageModel(str(snapshot), dispatch=True)
-        for parameter in local._module.parameters():
-            parameter.requires_grad_(False)  # as the server holds them
+        remote, local = client_and_local(snapshot)
         expected = small(local).detach()
         default = servers["default threads"]
         print(f"{every} cores; starting {max(counts)} client processes ...", flush=True)
