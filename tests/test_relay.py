@@ -79,7 +79,7 @@ def test_a_job_stored_by_an_api_process_is_found_queued_and_run_by_the_controlle
         split = Split(world, tmp_path)
         job_id = await split.submit("org/a")
         assert world.status(job_id) is Status.RECEIVED  # nothing acts until the relay looks
-        assert split.relay.intake() == 1 and split.relay.intake() == 0
+        assert await split.relay.intake() == 1 and await split.relay.intake() == 0
         replica = world.replica("org/a")
         assert replica.ran == [job_id] and world.status(job_id) is Status.DISPATCHED
         assert world.store.get(job_id).started_at is not None  # it may run from now on
@@ -115,7 +115,7 @@ def test_commands_go_through_the_database_and_refusals_keep_their_status(tmp_pat
         assert refused.value.code == 400
 
         job_id = await split.submit("org/a")
-        split.relay.intake()
+        await split.relay.intake()
         assert await split.front.cancel(world.store.get(job_id))
         split.relay.carry_out_commands()
         await world.settle()
@@ -187,19 +187,19 @@ def test_a_controller_whose_lease_is_not_fresh_hands_out_nothing(tmp_path):
         acting = False
         world.jobs.may_act = lambda: acting
         job_id = await split.submit("org/a")
-        assert split.relay.intake() == 0 and world.status(job_id) is Status.RECEIVED
+        assert await split.relay.intake() == 0 and world.status(job_id) is Status.RECEIVED
         acting = True  # renewed: it acts again, and the job moves
-        assert split.relay.intake() == 1
+        assert await split.relay.intake() == 1
         assert world.replica("org/a").ran == [job_id]
         second = await split.submit("org/a")
         acting = False
-        split.relay.intake()  # stale again: queued is as far as it goes
+        await split.relay.intake()  # stale again: queued is as far as it goes
         world.replica("org/a").run()
         world.replica("org/a").complete(b"r")
         await world.settle()
         assert world.status(second) is Status.RECEIVED
         acting = True
-        split.relay.intake()
+        await split.relay.intake()
         world.jobs.pump_waiting()
         assert world.replica("org/a").ran == [job_id, second]
 

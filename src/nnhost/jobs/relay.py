@@ -193,7 +193,7 @@ class Relay:
         wake = await self.bus.listen(WAKE) if self.bus is not None else None
         while True:
             try:
-                self.intake()
+                await self.intake()
                 self.carry_out_commands()
                 now = time.monotonic()
                 if now - last_publish >= PUBLISH_EVERY:
@@ -211,8 +211,13 @@ class Relay:
             while not wake.queue.empty():  # one look serves every call made meanwhile
                 wake.queue.get_nowait()
 
-    def intake(self) -> int:
-        """Queue the jobs API processes have stored since the last look."""
+    async def intake(self) -> int:
+        """Queue the jobs API processes have stored since the last look.
+
+        Each payload is copied from the database to this machine's spool in a
+        thread first: a large one must not hold up the event loop when the job is
+        dispatched (which would otherwise read it there).
+        """
         if not self.service.may_act():
             return 0
         received = self.service.store.with_status((Status.RECEIVED,))
@@ -228,6 +233,10 @@ class Relay:
                     "and controller processes have different catalogs. Tell the operator."
                 ))
                 continue
+            try:
+                await asyncio.to_thread(self.service.payloads.path, job.id)
+            except (OSError, ValueError):
+                pass  # dispatching reads it again, and fails the job saying so
             self.service.accept(job)
             taken += 1
         return taken
