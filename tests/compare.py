@@ -37,6 +37,7 @@ def assert_identical(remote: Any, local: Any, path: str = "value") -> None:
     plain dict, a ``torch.Size`` as a tuple or a named tuple as a tuple fails.
     """
     import dataclasses
+    import enum
     import math
 
     import numpy as np
@@ -67,6 +68,8 @@ def assert_identical(remote: Any, local: Any, path: str = "value") -> None:
             assert_identical(a, b, f"{path}[{index}]")
     elif isinstance(local, float):
         assert math.isclose(remote, local, rel_tol=1e-5, abs_tol=1e-6), f"{path}: {remote} != {local}"
+    elif isinstance(local, enum.Enum):
+        assert remote is local, f"{path}: {remote!r} is not the member {local!r}"
     elif isinstance(local, (str, bytes, int, complex, type(None), torch.dtype, torch.device)):
         assert remote == local, f"{path}: {remote!r} != {local!r}"
     elif hasattr(local, "__dict__"):  # any other object (a cache): the same attributes

@@ -14,6 +14,14 @@ sympy), code shipped by value that calls them, sessions, generation, gradients
 and batched invokes, and so that saved values of every kind come back: model
 output classes, ``torch.Size``, tuples, named tuples, lists, dicts, numpy
 arrays and scalars, Python numbers and strings, nested.
+
+The user's own classes (``user_classes``, a module registered by value as a
+script's code is) cover what a researcher writes around a trace: static and
+class methods and properties, a ``typing.NamedTuple``, dataclasses (frozen,
+ordered, with factories and a forward reference), an enum with methods,
+annotated helpers, an ``nn.Module`` subclass calling ``super().__init__()``
+and instances of these saved as results, which must come back as instances
+of the user's own class.
 """
 
 from __future__ import annotations
@@ -356,11 +364,14 @@ def divisors(n):
 
 
 def _helpers():
-    """The helper module, written to a folder the server has never seen, and registered."""
-    name = "nnhost_parity_helpers"
+    return shipped_module("nnhost_parity_helpers", _HELPERS)
+
+
+def shipped_module(name, source):
+    """A module of the user's, written to a folder the server has never seen, and registered."""
     if name not in sys.modules:
         folder = Path(tempfile.mkdtemp(prefix="nnhost-parity-"))
-        (folder / f"{name}.py").write_text(_HELPERS)
+        (folder / f"{name}.py").write_text(source)
         sys.path.insert(0, str(folder))
         try:
             module = importlib.import_module(name)
@@ -410,6 +421,238 @@ def shipped_local_function(model, remote):
     with model.trace(PROMPT, remote=remote):
         summary = summarise(model.transformer.h[0].mlp.output[0]).save()
     return {"summary": summary}
+
+
+# --- classes from the user's script, shipped by value --------------------------------
+
+_CLASSES = '''
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import List, NamedTuple, Optional
+
+import torch
+
+
+class Scaler:
+    """A small class with every kind of method a researcher writes."""
+
+    def __init__(self, factor):
+        self.factor = factor
+
+    @staticmethod
+    def double(x):
+        return x * 2
+
+    @classmethod
+    def halving(cls):
+        return cls(0.5)
+
+    @property
+    def twice(self):
+        return self.factor * 2
+
+    def __call__(self, x):
+        return x * self.factor
+
+
+class Summary(NamedTuple):
+    mean: torch.Tensor
+    top: int
+    label: str = "summary"
+
+
+@dataclass
+class Probe:
+    layer: int
+    scale: float = 1.0
+    tags: List[str] = field(default_factory=list)
+    parent: Optional["Probe"] = None
+
+    def tagged(self, tag):
+        return Probe(self.layer, self.scale, self.tags + [tag], parent=self)
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    index: int
+    weight: Optional[float] = None
+
+
+class Reduction(enum.Enum):
+    MEAN = "mean"
+    NORM = "norm"
+
+    def apply(self, x):
+        return x.mean(dim=-1) if self is Reduction.MEAN else x.norm(dim=-1)
+
+
+class ProbeError(ValueError):
+    """Raised by the user's own code when a layer is out of range."""
+
+
+def check_width(hidden, limit):
+    if hidden.shape[-1] > limit:
+        raise ProbeError(f"width {hidden.shape[-1]} is over {limit}")
+    return hidden
+
+
+def last_position(hidden: torch.Tensor, width: Optional[int] = None) -> "torch.Tensor | None":
+    """Annotated with typing generics and a union, as researchers write helpers."""
+    return hidden[0, -1, :width]
+
+
+def pick(values: List[int], limit: Optional[int] = None) -> List[int]:
+    return values[:limit]
+
+
+class LinearProbe(torch.nn.Module):
+    """A probe module made inside the trace; its weights are fixed so runs agree."""
+
+    def __init__(self, width, classes=2):
+        super().__init__()
+        self.linear = torch.nn.Linear(width, classes)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.linspace(-1, 1, width * classes).reshape(classes, width))
+            self.linear.bias.zero_()
+        self.__calls = 0
+
+    def forward(self, x):
+        self.__calls += 1
+        return self.linear(x)
+
+    @property
+    def calls(self):
+        return self.__calls
+
+
+class Store:
+    """A small container of the user's, saved as a result."""
+
+    def __init__(self):
+        self.items = {}
+
+    def add(self, name, value):
+        self.items[name] = value
+        return self
+'''
+
+
+def user_classes():
+    return shipped_module("nnhost_parity_classes", _CLASSES)
+
+
+@program
+def script_class_methods(model, remote):
+    user = user_classes()
+    with model.trace(PROMPT, remote=remote):
+        hidden = model.transformer.h[0].mlp.output[0, -1]
+        scaled = user.Scaler(3.0)(hidden).save()
+        doubled = user.Scaler.double(hidden[:4]).save()
+        half = user.Scaler.halving().factor.save()
+        twice = user.Scaler(2.5).twice.save()
+    return {"scaled": scaled, "doubled": doubled, "half": half, "twice": twice}
+
+
+@program
+def script_named_tuple_result(model, remote):
+    user = user_classes()
+    with model.trace(PROMPT, remote=remote):
+        logits = model.lm_head.output[0, -1]
+        summary = user.Summary(logits.mean(), int(logits.argmax())).save()
+        renamed = summary._replace(label="renamed").save()
+        fields = user.Summary._fields.save()
+    return {"summary": summary, "renamed": renamed, "fields": fields}
+
+
+@program
+def script_dataclass_in_trace(model, remote):
+    user = user_classes()
+    probe = user.Probe(layer=1)
+    with model.trace(PROMPT, remote=remote):
+        made = user.Probe(layer=0, scale=2.0).tagged("inside")
+        hidden = model.transformer.h[made.layer].mlp.output * made.scale
+        norm = hidden.norm().save()
+        sent = probe.tagged("sent").save()
+        made = made.save()
+        ordered = sorted([user.Position(3, 0.5), user.Position(1)]).save()
+    return {"norm": norm, "sent": sent, "made": made, "ordered": ordered}
+
+
+@program
+def script_enum(model, remote):
+    user = user_classes()
+    with model.trace(PROMPT, remote=remote):
+        hidden = model.transformer.h[1].mlp.output[0]
+        mean = user.Reduction.MEAN.apply(hidden).save()
+        norm = user.Reduction("norm").apply(hidden).save()
+        chosen = user.Reduction.NORM.save()
+    return {"mean": mean, "norm": norm, "chosen": chosen}
+
+
+@program
+def script_annotated_helpers(model, remote):
+    user = user_classes()
+    with model.trace(PROMPT, remote=remote):
+        last = user.last_position(model.transformer.h[0].mlp.output, 5).save()
+        tokens = user.pick(model.lm_head.output[0].argmax(dim=-1).tolist(), 3).save()
+    return {"last": last, "tokens": tokens}
+
+
+@program
+def script_module_subclass(model, remote):
+    user = user_classes()
+    with model.trace(PROMPT, remote=remote):
+        hidden = model.transformer.h[-1].mlp.output[0, -1]
+        probe = user.LinearProbe(hidden.shape[-1])
+        scores = probe(hidden).save()
+        again = probe(hidden * 2).save()
+        calls = probe.calls.save()
+    return {"scores": scores, "again": again, "calls": calls}
+
+
+@program
+def script_instance_result(model, remote):
+    user = user_classes()
+    with model.trace(PROMPT, remote=remote):
+        store = user.Store().add("logit", model.lm_head.output[0, -1, 0])
+        store = store.add("shape", model.lm_head.output.shape).save()
+        box = [user.Summary(model.lm_head.output.mean(), 1, "nested")].save()
+    return {"store": store, "box": box}
+
+
+@program
+def local_class_and_closure(model, remote):
+    class Window:
+        def __init__(self, width):
+            self.width = width
+
+        @staticmethod
+        def clip(x):
+            return x.clamp(-1, 1)
+
+    offset = 0.25
+
+    def shift(x):
+        return x + offset
+
+    with model.trace(PROMPT, remote=remote):
+        window = Window(3)
+        clipped = Window.clip(shift(model.transformer.h[0].mlp.output[0, -1, : window.width])).save()
+    return {"clipped": clipped}
+
+
+@program
+def saved_leaf_gradient(model, remote):
+    with model.trace(PROMPT, remote=remote):
+        hidden = model.transformer.h[0].mlp.output.save()
+        hidden.requires_grad = True
+        loss = model.lm_head.output[0, -1, 5]
+        with loss.backward():
+            pass
+    if hidden.grad is None:  # locally the leaf keeps its gradient: so must the result
+        raise AssertionError("the saved leaf came back without its .grad")
+    return {"grad": hidden.grad, "hidden": hidden}
 
 
 # --- interventions, invokes, sessions --------------------------------------------------

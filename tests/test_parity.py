@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 
 import pytest
 
 from compare import assert_identical
 from conftest import API_KEY, TEST_REPO
-from parity_programs import PROGRAMS
+from parity_programs import PROGRAMS, PROMPT, user_classes
 from nnhost.testing import ServerProcess
 
 NOTICE = "shared model"
@@ -83,3 +84,55 @@ def test_fresh_worker(name, program, parity_server, remote_model, local_model, r
 @pytest.mark.parametrize("name,program", PROGRAMS, ids=IDS)
 def test_warm_worker(name, program, parity_server, remote_model, local_model, remote_logging):
     check(program, parity_server, remote_model, local_model)
+
+
+# --- a user's own exception ------------------------------------------------------------
+
+
+def raise_in_the_block(model, remote):
+    user = user_classes()
+    with model.trace(PROMPT, remote=remote):
+        hidden = model.transformer.h[0].mlp.output
+        if hidden.shape[-1] > 8:
+            raise user.ProbeError(f"layer width {hidden.shape[-1]} is out of range")
+        out = hidden.save()
+
+
+def raise_in_a_shipped_helper(model, remote):
+    user = user_classes()
+    with model.trace(PROMPT, remote=remote):
+        hidden = user.check_width(model.transformer.h[1].mlp.output, 8)
+        out = hidden.save()
+
+
+@pytest.mark.parametrize("program", [raise_in_the_block, raise_in_a_shipped_helper])
+def test_user_exception_reaches_the_client(program, parity_server, remote_model, local_model):
+    """The user's exception class, message and own lines, as the local run shows them."""
+    import traceback
+
+    from nnsight.intervention.backends.remote import RemoteError
+
+    with pytest.raises(Exception) as local:
+        program(local_model, False)
+    with pytest.raises(RemoteError) as remote:
+        program(remote_model, parity_server.url)
+    message = str(remote.value)
+    expected = traceback.format_exception_only(type(local.value), local.value)[-1].strip()
+    assert expected.startswith("nnhost_parity_classes.ProbeError: "), expected
+    assert message.splitlines()[-1] == expected, message
+    users_frames = [
+        frame
+        for frame in traceback.extract_tb(local.value.__traceback__)
+        if (frame.filename == __file__ and frame.name == program.__name__)
+        or "nnhost_parity_classes" in frame.filename
+    ]
+    # The first is the client's own ``with`` line, where the local exception
+    # surfaces; every frame inside the trace must be in the remote traceback,
+    # with its line (nnsight re-renders the block's source, quotes may differ).
+    assert users_frames[0].line.startswith("with model.trace"), users_frames[0]
+    inside = users_frames[1:]
+    assert inside
+    for frame in inside:
+        assert re.search(rf'line {frame.lineno}, in {frame.name}\n', message), (frame, message)
+        assert frame.line.replace('"', "'") in message.replace('"', "'"), (frame, message)
+    assert "nnhost/execution" not in message and "site-packages" not in message

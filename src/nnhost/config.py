@@ -29,6 +29,7 @@ from pydantic import BeforeValidator, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .config_errors import ENV_PREFIX, Origins, describe, unknown_environment
+from .execution.sandbox_rules import DEFAULT_ALLOWED_IMPORTS
 from .units import parse_duration, parse_size
 
 MiB = 1024 * 1024
@@ -170,12 +171,7 @@ class Settings(BaseSettings):
     #: OS-level layers; see README "Security"). false only for trusted deployments.
     containment: bool = True
     #: Top-level modules user code may import (nnsight is always allowed).
-    allowed_imports: Names = Field(
-        default_factory=lambda: [
-            "builtins", "math", "typing", "collections", "time",
-            "torch", "numpy", "einops", "sympy", "nnterp",
-        ]
-    )
+    allowed_imports: Names = Field(default_factory=lambda: list(DEFAULT_ALLOWED_IMPORTS))
     #: Memory one job may use on top of the loaded worker (0: 8 GiB).
     job_memory_bytes: Size = 0
     #: Size of the private scratch space (/tmp) of a contained worker.

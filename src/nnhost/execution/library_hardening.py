@@ -2,7 +2,8 @@
 
 ``typing`` evaluates forward references with ``eval``, and sympy's parser
 evaluates the text it is given with full builtins; both are reachable from
-allowed imports. `harden_libraries` routes those strings through the
+allowed imports. dataclasses compiles source made of its field names, which
+`check_field_names` holds to identifiers. `harden_libraries` routes those strings through the
 sandbox's `check_source` first; `untrusted` marks the thread while a payload is
 unpickled, so that what runs then counts as user code.
 
@@ -55,6 +56,41 @@ def _check_expression(text: Any, policy: SandboxPolicy, where: str, user_builtin
         check_source(text, where, policy)
 
 
+def check_field_names(cls: Any) -> None:
+    """Refuse a dataclass whose field names are not identifiers.
+
+    dataclasses writes each field's name into the source of the ``__init__``,
+    ``__repr__`` and comparisons it compiles with the real builtins; a name
+    such as ``"x=__import__('os')"`` would be code. Python's own checks stop
+    only some of them.
+    """
+    import keyword
+
+    from .sandbox import SandboxViolation
+
+    annotations = getattr(cls, "__dict__", {}).get("__annotations__", {})
+    for name in annotations:
+        if not (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)):
+            raise SandboxViolation(
+                f"A dataclass field must be named by a Python identifier, not {name!r}."
+            )
+
+
+def _harden_dataclasses() -> None:
+    import dataclasses
+
+    original = getattr(dataclasses, "_process_class", None)
+    if original is None:  # a dataclasses laid out differently: the shipped ones are checked anyway
+        return
+
+    def _process_class(cls, *args, **kwargs):
+        check_field_names(cls)
+        return original(cls, *args, **kwargs)
+
+    dataclasses._process_class = _process_class
+    _HARDENED.append("dataclasses._process_class")
+
+
 def harden_libraries(policy: SandboxPolicy, user_builtins: dict) -> list[str]:
     """Route the string evaluators of allowed libraries through `check_source`.
 
@@ -76,6 +112,7 @@ def harden_libraries(policy: SandboxPolicy, user_builtins: dict) -> list[str]:
 
     typing.ForwardRef._evaluate = _evaluate
     _HARDENED.append("typing.ForwardRef")
+    _harden_dataclasses()
     try:
         from sympy.parsing import sympy_parser
     except Exception:  # sympy missing: nothing to harden

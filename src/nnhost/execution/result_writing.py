@@ -15,31 +15,73 @@ import pickle
 import types
 from typing import Any
 
+from .shipped_classes import client_class_id
 
 _PROTOCOL = 4
 
 
-class _DetachingPickler(pickle.Pickler):
-    """Pickles saved values as they are, with tensors cut off the server's autograd graph.
+class _ResultPickler(pickle.Pickler):
+    """Pickles saved values as they are, as the client's own types.
 
-    A saved activation may still hang off this run's graph (a user opted into
-    gradients); pickling it as is would drag the graph along, or fail. The
-    values themselves are never rebuilt: a model output class, a
-    ``torch.Size``, a named tuple or a dataclass goes out as that type, since
-    the client loads the blob with a full unpickler (``torch.load`` with
-    ``weights_only=False`` in nnsight's ``RemoteBackend``).
+    The client loads the blob with a full unpickler (``torch.load`` with
+    ``weights_only=False`` in nnsight's ``RemoteBackend``), so a model output
+    class, a ``torch.Size`` or a named tuple goes out as that type. What the
+    server has to do on top of plain pickling:
+
+    * A saved activation may still hang off this run's graph (a user opted
+      into gradients); pickling it as is would drag the graph along, or fail:
+      it goes out cut off, still requiring grad. A leaf's ``.grad`` goes with
+      it, as a local run keeps it on the tensor.
+    * A class the client shipped goes back as the id the client's cloudpickle
+      gave it, so its instances arrive as instances of the user's own class
+      (cloudpickle resolves the id in the client's process). Nothing else
+      goes by value: a function or a class made during the run is refused, as
+      the server sends no code of its own making to a client.
     """
 
     def reducer_override(self, obj: Any) -> Any:
         import torch
 
-        if isinstance(obj, torch.Tensor) and obj.requires_grad and not obj.is_leaf:
-            return obj.detach().requires_grad_(True).__reduce_ex__(_PROTOCOL)
+        if isinstance(obj, torch.Tensor):
+            return _tensor_reduce(obj)
+        if isinstance(obj, type):
+            client_id = client_class_id(obj)
+            if client_id is not None:
+                return _client_class_reduce(obj, client_id)
         return NotImplemented
 
 
+def _tensor_reduce(tensor: Any) -> Any:
+    import torch
+    from torch._tensor import _rebuild_from_type_v2
+
+    if type(tensor) is not torch.Tensor:
+        return NotImplemented
+    if tensor.requires_grad and not tensor.is_leaf:
+        return tensor.detach().requires_grad_(True).__reduce_ex__(_PROTOCOL)
+    if tensor.grad is None:
+        return NotImplemented
+    rebuild, args = tensor.__reduce_ex__(_PROTOCOL)[:2]
+    # torch's own rebuild with state: setattr(tensor, "grad", ...) on the client.
+    return (_rebuild_from_type_v2, (rebuild, torch.Tensor, args, {"grad": tensor.grad.detach()}))
+
+
+def _client_class_reduce(cls: type, client_id: str) -> Any:
+    import enum
+
+    from cloudpickle import cloudpickle as cp
+
+    if isinstance(cls, enum.EnumMeta):
+        arguments = list(cp._enum_getnewargs(cls))
+        arguments[5] = client_id
+        return (cp._make_skeleton_enum, tuple(arguments))
+    arguments = list(cp._class_getnewargs(cls))
+    arguments[4] = client_id
+    return (cp._make_skeleton_class, tuple(arguments))
+
+
 #: What `torch.save` takes as its ``pickle_module``: only its Pickler is used.
-_PICKLE_MODULE = types.SimpleNamespace(Pickler=_DetachingPickler, __name__="nnhost_pickle")
+_PICKLE_MODULE = types.SimpleNamespace(Pickler=_ResultPickler, __name__="nnhost_pickle")
 
 
 def serialize_result(saves: dict, compress: bool) -> bytes:

@@ -25,6 +25,10 @@ DEFAULT_ALLOWED_IMPORTS: tuple[str, ...] = (
     "einops",
     "sympy",
     "nnterp",
+    # How a user's script declares its data (dataclasses, enums): their
+    # generated code is made from checked field names (`library_hardening`).
+    "dataclasses",
+    "enum",
 )
 
 #: Always importable: every request payload refers to nnsight's own objects.

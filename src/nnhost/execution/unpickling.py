@@ -34,9 +34,12 @@ from __future__ import annotations
 import collections
 import enum
 import functools
+import gc
 import importlib
 import pickle
 import types
+import typing
+import weakref
 from typing import Any, Optional
 
 from .sandbox import (
@@ -47,10 +50,14 @@ from .sandbox import (
     install_builtins,
 )
 from .library_hardening import untrusted
+from .shipped_classes import Unavailable
 from .unpickling_allowlist import (
     _BUILTIN_CONSTRUCTORS,
     _IMPORT_MACHINERY,
     _SAFE_BUILTINS,
+    DEFINITION_CALLABLES,
+    DEFINITION_GLOBALS,
+    DESCRIPTOR_TYPES,
     RefusedPayload,
     _builtin,
     _describe,
@@ -81,6 +88,10 @@ class RestrictedUnpickler(pickle._Unpickler):
         self._functions: dict[int, Any] = {}
         self._classes: dict[int, Any] = {}
         self._callables: dict[int, Any] = {}
+        #: Source of each function this load compiled, to compile a method again in its class.
+        self._sources: dict[int, tuple] = {}
+        #: Parts of the payload not built (`Unavailable`): refused if still needed at the end.
+        self._deferred: list[weakref.ref] = []
         self._substitutes: dict[tuple[str, str], Any] = {}
         self._install_substitutes()
 
@@ -94,6 +105,12 @@ class RestrictedUnpickler(pickle._Unpickler):
         self._callables[id(obj)] = obj
         return obj
 
+    def _defer(self, reason: str) -> Unavailable:
+        """A stand-in for a part refused only if it is still needed once the load is over."""
+        placeholder = Unavailable(reason)
+        self._deferred.append(weakref.ref(placeholder))
+        return placeholder
+
     def find_class(self, module: str, name: str) -> Any:
         if not isinstance(module, str) or not isinstance(name, str):
             raise _refuse("a malformed global")
@@ -102,6 +119,17 @@ class RestrictedUnpickler(pickle._Unpickler):
             return self._substitutes[key]
         qualified = f"{module}.{name}"
         root = module.split(".")[0]
+        if key in DEFINITION_GLOBALS:
+            # What cloudpickle writes for a class definition (dataclass fields,
+            # enum bases, named tuple accessors), whatever the import policy.
+            value = DEFINITION_GLOBALS[key]()
+            if key in DEFINITION_CALLABLES:
+                self._allow_call(value)
+            return self._protect(value)
+        if name.endswith(".__new__") and "." in name and module in ("enum", "builtins"):
+            owner = self.find_class(module, name.rsplit(".", 1)[0])
+            if isinstance(owner, type):
+                return self._protect(owner.__new__)
         if root in _IMPORT_MACHINERY:
             return self._allow_call(_Inert)
         if module == "builtins":
@@ -177,14 +205,24 @@ class RestrictedUnpickler(pickle._Unpickler):
         if id(function) in self._callables:
             return True
         if isinstance(function, type):
-            # Exceptions and enums only look values up or store arguments.
-            return issubclass(function, BaseException) or isinstance(function, enum.EnumMeta)
+            # Exceptions and enums only look values up or store arguments;
+            # staticmethod, classmethod and property only wrap what they are given.
+            return (
+                issubclass(function, BaseException)
+                or isinstance(function, enum.EnumMeta)
+                or function in DESCRIPTOR_TYPES
+            )
         return False
 
     def load_reduce(self) -> None:
         stack = self.stack
         args = stack.pop()
         function = stack[-1]
+        if function is type and isinstance(args, tuple) and len(args) == 1 and (
+            args[0] is None or args[0] is Ellipsis or args[0] is NotImplemented
+        ):
+            stack[-1] = type(args[0])  # how cloudpickle names NoneType (``Optional[...]``)
+            return
         if not self._callable_ok(function):
             raise _refuse(f"a call to {_describe(function)}", "only reconstructors may be called")
         if not isinstance(args, tuple):
@@ -202,7 +240,9 @@ class RestrictedUnpickler(pickle._Unpickler):
             raise _refuse(f"an instance of {_describe(cls)}", "only plain classes may be made")
         if id(cls) in self._classes or cls is _Inert or cls in _BUILTIN_CONSTRUCTORS:
             return
-        if (cls.__module__ or "").split(".")[0] == "nnsight":
+        if id(cls) in self._protected and any(cls is make() for make in DEFINITION_GLOBALS.values()):
+            return
+        if (cls.__module__ or "").split(".")[0] == "nnsight" or cls is typing.ForwardRef:
             return
         if issubclass(cls, _newobj_bases()):
             return
@@ -238,7 +278,33 @@ class RestrictedUnpickler(pickle._Unpickler):
         target = self.stack[-2]
         self._check_target(target)
         self._check_edit(target, self.stack[-1])
+        if isinstance(target, typing.ForwardRef):
+            self._build_forward_ref(target, self.stack.pop())
+            return
         pickle._Unpickler.load_build(self)
+
+    def _build_forward_ref(self, target: typing.ForwardRef, state: Any) -> None:
+        """An annotation's ``"TreeNode"``: rebuilt from its text, never from the sent code.
+
+        A ForwardRef carries the code object compiled from its text, which
+        arrives as bytecode; the text is compiled again here (``compile`` only,
+        as ``typing`` does), and no module is named for its evaluation.
+        """
+        slots = state[1] if isinstance(state, tuple) and len(state) == 2 else state
+        text = slots.get("__forward_arg__") if isinstance(slots, dict) else None
+        if not isinstance(text, str) or len(text) > 10_000:
+            raise _refuse("a malformed type annotation")
+        try:
+            fresh = typing.ForwardRef(
+                text,
+                is_argument=bool(slots.get("__forward_is_argument__", True)),
+                is_class=bool(slots.get("__forward_is_class__", False)),
+            )
+        except SyntaxError:
+            raise _refuse(f"the type annotation {text!r}", "it is not a Python expression") from None
+        for slot in typing.ForwardRef.__slots__:
+            if hasattr(fresh, slot):
+                setattr(target, slot, getattr(fresh, slot))
 
     def _check_edit(self, target: Any, state: Any) -> None:
         """An nnsight edit (``envoy.edit``) compiles its source when it is unpickled.
@@ -315,7 +381,24 @@ class RestrictedUnpickler(pickle._Unpickler):
         # during the load as user code: a payload's objects are the user's.
         with untrusted():
             result = super().load()
+        # What was not built is refused first: it says more than a wrong shape.
+        self._refuse_what_is_still_needed()
         return self._check_payload(result)
+
+    def _refuse_what_is_still_needed(self) -> None:
+        """Refuse the payload if a part that was not built is still reachable from it."""
+        if not self._deferred:
+            return
+        # Drop the load's own references (memo, registries), then see what lives.
+        self.memo.clear()
+        for registry in (self._protected, self._functions, self._classes, self._callables, self._sources):
+            registry.clear()
+        gc.collect()
+        alive = [ref() for ref in self._deferred]
+        needed = [placeholder for placeholder in alive if placeholder is not None]
+        self._deferred.clear()
+        if needed:
+            raise needed[0].refusal()
 
     def _check_payload(self, result: Any) -> Any:
         """The payload's shape, the block's source, and the builtins it will run with."""

@@ -26,20 +26,110 @@ class RefusedPayload(SandboxViolation, pickle.UnpicklingError):
     """The payload asks for something a request may not do while being read."""
 
 
+def _builtin_exception_names() -> frozenset:
+    import builtins
+
+    return frozenset(
+        name
+        for name, value in vars(builtins).items()
+        if isinstance(value, type) and issubclass(value, BaseException)
+    )
+
+
 _SAFE_BUILTINS = frozenset(
     "set frozenset list dict tuple bytes bytearray complex slice range int float str bool "
     "object type abs all any len max min sum sorted round divmod pow zip map filter "
     "enumerate reversed isinstance issubclass iter next repr format hash id chr ord bin hex "
-    "oct print callable NotImplemented Ellipsis".split()
-)
+    "oct print callable NotImplemented Ellipsis "
+    # A class's methods: these only wrap the function they are given.
+    "staticmethod classmethod property".split()
+) | _builtin_exception_names()  # a user's exception class derives from one
+
+#: Of `DEFINITION_GLOBALS`, what a payload may call: a named tuple's field accessor.
+DEFINITION_CALLABLES = (("_collections", "_tuplegetter"),)
+
+#: Wrappers a class body makes of its methods; a payload may call them to rebuild one.
+DESCRIPTOR_TYPES = (staticmethod, classmethod, property)
 _BUILTIN_CONSTRUCTORS = (
     set, frozenset, list, dict, tuple, bytes, bytearray, complex, slice, range, int, float,
     str, bool,
 )
 _SAFE_TYPE_NAMES = frozenset(
-    "SimpleNamespace MethodType NoneType EllipsisType NotImplementedType GenericAlias UnionType"
-    .split()
+    "SimpleNamespace MethodType NoneType EllipsisType NotImplementedType GenericAlias UnionType "
+    # A dataclass field's metadata; CodeType becomes a refusal stand-in, never code.
+    "MappingProxyType CodeType".split()
 )
+
+
+def _missing() -> Any:
+    import dataclasses
+
+    class MissingField:
+        """``dataclasses._MISSING_TYPE()`` in a payload: the one MISSING, not a copy."""
+
+        def __new__(cls, *args: Any) -> Any:
+            return dataclasses.MISSING
+
+    return MissingField
+
+
+def _has_default_factory() -> Any:
+    import dataclasses
+
+    class HasDefaultFactory:
+        """The dataclasses sentinel a generated ``__init__`` compares against."""
+
+        def __new__(cls, *args: Any) -> Any:
+            return getattr(dataclasses, "_HAS_DEFAULT_FACTORY", None)
+
+    return HasDefaultFactory
+
+
+def _attribute(module: str, name: str) -> Any:
+    def resolve() -> Any:
+        import importlib
+
+        return getattr(importlib.import_module(module), name)
+
+    return resolve
+
+
+def _cached(make: Any) -> Any:
+    made: list = []
+
+    def resolve() -> Any:
+        if not made:
+            made.append(make())
+        return made[0]
+
+    return resolve
+
+
+#: What cloudpickle writes for a class from the user's script, named whatever
+#: the import policy: the pieces of a dataclass, an enum, an abstract base and a
+#: named tuple's field accessors. Each is named only: a payload may make an
+#: instance of the data types among them (NEWOBJ), and call only what
+#: `DEFINITION_CALLABLES` lists.
+DEFINITION_GLOBALS: dict[tuple[str, str], Any] = {
+    **{
+        ("dataclasses", name): _attribute("dataclasses", name)
+        for name in (
+            "Field", "_DataclassParams", "KW_ONLY", "InitVar", "_KW_ONLY_TYPE", "FrozenInstanceError"
+        )
+    },
+    ("dataclasses", "_MISSING_TYPE"): _cached(_missing),
+    ("dataclasses", "_HAS_DEFAULT_FACTORY_CLASS"): _cached(_has_default_factory),
+    **{
+        ("enum", name): _attribute("enum", name)
+        for name in (
+            "Enum IntEnum Flag IntFlag StrEnum ReprEnum EnumMeta EnumType auto unique".split()
+        )
+    },
+    **{("abc", name): _attribute("abc", name) for name in ("ABC", "ABCMeta", "abstractmethod")},
+    ("_collections", "_tuplegetter"): _attribute("_collections", "_tuplegetter"),
+    # The metaclass of a TypedDict (a skeleton is made with it).
+    ("typing", "_TypedDictMeta"): _attribute("typing", "_TypedDictMeta"),
+}
 _TORCH_REBUILDERS = {
     "torch._utils": (
         "_rebuild_tensor _rebuild_tensor_v2 _rebuild_tensor_v3 _rebuild_parameter "

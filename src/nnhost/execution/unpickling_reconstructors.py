@@ -16,12 +16,21 @@ and it must never hand the payload the original, unchecked helper.
 from __future__ import annotations
 
 import abc
+import functools
 import importlib
 import io
 import types
 from typing import TYPE_CHECKING, Any, Callable
 
-from .sandbox import attribute_problem, check_source, install_builtins
+from .sandbox import SandboxViolation, attribute_problem, check_source, install_builtins
+from .sandbox_rules import DENIED_METHODS
+from .shipped_classes import (
+    Unavailable,
+    is_unavailable,
+    library_template,
+    rebind_methods,
+    remember_client_class,
+)
 from .unpickling_allowlist import _NUMPY_REBUILDERS, _SAFE_TYPE_NAMES, _TORCH_REBUILDERS, _describe, _refuse
 
 if TYPE_CHECKING:
@@ -36,7 +45,11 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
     policy, user_builtins = me.policy, me.builtins_dict
 
     def subimport(name: str) -> Any:
-        policy.check_import(name)
+        problem = policy.import_problem(name) if policy.enabled else None
+        if problem:
+            # Refused only if it is still needed when the load is over (a method
+            # the server makes again may have been its only user).
+            return me._defer(problem)
         if name.split(".")[0] == "builtins":
             module = types.ModuleType("builtins")
             vars(module).update(
@@ -59,6 +72,8 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
             raise _refuse(f"types.{name}", "only plain data types are")
         if name == "MethodType":
             return me._allow_call(bind_method)
+        if name == "CodeType":
+            return me._allow_call(code_stub)
         return me._allow_call(me._protect(getattr(types, name)))
 
     def bind_method(function: Any, instance: Any) -> Any:
@@ -66,29 +81,137 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
             raise _refuse("a method of something that is not a function")
         return types.MethodType(function, instance)
 
-    def make_skeleton_class(type_constructor, name, bases, type_kwargs, tracker_id, extra):
-        if type_constructor not in (type, abc.ABCMeta):
-            raise _refuse(_describe(type_constructor), "classes must be plain classes")
-        if not isinstance(bases, tuple) or not all(isinstance(b, type) for b in bases):
-            raise _refuse("a class with bases that are not classes")
-        if not isinstance(type_kwargs, dict):
-            raise _refuse("a malformed class")
-        # No tracker id: a class must never resolve to one another request made.
-        cls = cp._make_skeleton_class(type_constructor, name, bases, type_kwargs, None, None)
+    def code_stub(*args: Any) -> Unavailable:
+        # Never a code object: bytecode is refused; the names are for the message.
+        names = [a for a in args if isinstance(a, str)][:2]
+        return Unavailable(
+            f"Your request's payload refers to compiled bytecode ({' '.join(names) or 'a code object'}), "
+            "which this server does not accept in a request"
+        )
+
+    def make_function(*args: Any) -> Unavailable:
+        if len(args) != 5:
+            raise _refuse("cloudpickle.cloudpickle._make_function", "a malformed function")
+        code, name = args[0], args[2]
+        described = code.reason if isinstance(code, Unavailable) else "compiled bytecode"
+        return me._defer(
+            f"{described}: the function {name!r} came without its source "
+            "(cloudpickle.cloudpickle._make_function). Define it in a file nnsight can read, "
+            "or in your script, so that its source is sent"
+        )
+
+    def function_setstate(obj: Any, state: Any) -> Any:
+        if not isinstance(obj, Unavailable):
+            raise _refuse(_describe(obj), "only functions shipped in the request may be filled in")
+        return obj
+
+    def check_bases(bases: Any) -> tuple:
+        if not isinstance(bases, tuple) or not all(
+            isinstance(b, type) or typing_base(b) for b in bases
+        ):
+            raise _refuse("a class with bases that are neither classes nor typing's generic forms")
+        return bases
+
+    def typing_base(base: Any) -> bool:
+        # typing.NamedTuple, typing.Generic[T], typing.Protocol[T]: they name
+        # their real bases through __mro_entries__.
+        return id(base) in me._protected and (
+            getattr(base, "__module__", None) == "typing" or type(base).__module__ == "typing"
+        )
+
+    def track(cls: type, tracker_id: Any) -> type:
         me._classes[id(cls)] = cls
+        remember_client_class(cls, tracker_id)
         return me._allow_call(cls)
+
+    def make_skeleton_class(type_constructor, name, bases, type_kwargs, tracker_id, extra):
+        if not (
+            type_constructor in (type, abc.ABCMeta)
+            or (
+                isinstance(type_constructor, type)
+                and issubclass(type_constructor, type)
+                and type_constructor.__module__ in ("typing", "abc")
+            )
+        ):
+            raise _refuse(_describe(type_constructor), "classes must be plain classes")
+        check_bases(bases)
+        if not isinstance(type_kwargs, dict) or not isinstance(name, str):
+            raise _refuse("a malformed class")
+        for key in type_kwargs:
+            if not isinstance(key, str) or key == "__del__" or key in DENIED_METHODS:
+                raise _refuse(f"a class that defines {key!r}", "it would run outside your request")
+        # No tracker id here: a class must never resolve to one another request
+        # made. The client's id is kept only to send results back to its class.
+        cls = cp._make_skeleton_class(type_constructor, name, bases, type_kwargs, None, None)
+        return track(cls, tracker_id)
+
+    def make_skeleton_enum(bases, name, qualname, members, module, tracker_id, extra):
+        import enum
+
+        check_bases(bases)
+        if not (bases and isinstance(bases[-1], type) and issubclass(bases[-1], enum.Enum)):
+            raise _refuse("an enum whose last base is not an Enum")
+        if not (isinstance(name, str) and isinstance(qualname, str) and isinstance(module, str)):
+            raise _refuse("a malformed enum")
+        if not isinstance(members, dict) or not all(
+            isinstance(key, str) and key.isidentifier() for key in members
+        ):
+            raise _refuse("a malformed enum")
+        cls = cp._make_skeleton_enum(bases, name, qualname, members, module, None, None)
+        return track(cls, tracker_id)
+
+    def make_typevar(name, bound, constraints, covariant, contravariant, tracker_id):
+        import typing
+
+        if not isinstance(name, str) or not isinstance(constraints, tuple):
+            raise _refuse("a malformed type variable")
+        return typing.TypeVar(
+            name, *constraints, bound=bound, covariant=bool(covariant), contravariant=bool(contravariant)
+        )
 
     def class_setstate(obj: Any, state: Any) -> Any:
         if id(obj) not in me._classes:
             raise _refuse(_describe(obj), "only classes shipped in the request may be filled in")
-        return cp._class_setstate(obj, state)
+        if not (isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict)):
+            raise _refuse("a malformed class")
+        attributes, slots = state
+        for name, value in attributes.items():
+            if not isinstance(name, str):
+                raise _refuse("a malformed class")
+            if name == "__del__" or (
+                name in DENIED_METHODS and (id(value) in me._functions or is_unavailable(value))
+            ):
+                raise _refuse(f"a class that defines {name}", "it would run outside your request")
+        attributes = dict(attributes)
+        library = library_template(obj, attributes)
+        complete = None
+        if library is not None:
+            # What the library generated arrives without source: made again below.
+            generated, complete = library
+            attributes = {
+                k: v for k, v in attributes.items() if not (k in generated and is_unavailable(v))
+            }
+        rebind_methods(obj, attributes, me._sources)
+        for value in attributes.values():
+            for part in (value.__func__,) if isinstance(value, (staticmethod, classmethod)) else (value,):
+                if isinstance(part, types.FunctionType):
+                    me._functions[id(part)] = part
+        cp._class_setstate(obj, (attributes, slots))
+        if complete is not None:
+            complete(obj)
+        return obj
 
     def load_function(source, name, defaults, kwdefaults, annotations, filename, line):
         if not (isinstance(source, str) and isinstance(name, str) and isinstance(filename, str)):
             raise _refuse("a malformed function")
         if not isinstance(line, int) or not 0 < line < 10_000_000:
             raise _refuse("a malformed function")
-        check_source(source, f"[{name}:{line}] {filename}", policy)
+        try:
+            check_source(source, f"[{name}:{line}] {filename}", policy)
+        except SandboxViolation as error:
+            # Refused only if still needed once the load is over: a method of a
+            # named tuple or dataclass the server makes again may replace it.
+            return me._defer(str(error))
         loaded = serialization._load_function(
             source, name, defaults, kwdefaults, annotations, filename, line
         )
@@ -104,9 +227,12 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         function.__annotations__ = loaded.__annotations__
         function.__qualname__ = loaded.__qualname__
         me._functions[id(function)] = function
+        me._sources[id(function)] = (source, name, f"[{name}:{line}] {filename}", line)
         return function
 
     def fill(function: Any, namespace: Any) -> None:
+        if isinstance(function, Unavailable) and isinstance(namespace, dict):
+            return
         if id(function) not in me._functions or not isinstance(namespace, dict):
             raise _refuse("globals for a function the request did not ship")
         namespace = {k: v for k, v in namespace.items() if k != "__builtins__"}
@@ -114,6 +240,8 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
 
     def guarded_getattr(obj: Any, name: Any) -> Any:
         problem = attribute_problem(name)
+        if name == "__new__" and isinstance(obj, type):
+            problem = None  # a class's constructor (``tuple.__new__`` in a named tuple's _make)
         if problem:
             raise _refuse(f"the attribute {name!r}", problem)
         return me._protect(getattr(obj, name))
@@ -124,6 +252,33 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         # Always a copy: the shared dtype singletons must never be what a
         # following BUILD writes into.
         return numpy.dtype(spec, bool(align), True)
+
+    def subscript(obj: Any, key: Any) -> Any:
+        # ``Optional[int]``, ``List[str]``, ``dict[str, int]`` in annotations: only
+        # typing's forms and classes are subscripted, never a container.
+        if not (isinstance(obj, type) or type(obj).__module__ == "typing"):
+            raise _refuse(f"a subscript of {_describe(obj)}", "only type annotations are subscripted")
+        return me._protect(obj[key])
+
+    def annotation(value: Any) -> bool:
+        return value is None or isinstance(value, type) or type(value).__module__ in ("typing", "types")
+
+    def type_union(left: Any, right: Any) -> Any:
+        # ``int | None`` in an annotation (types.UnionType pickles as a reduce of ``|``).
+        if not (annotation(left) and annotation(right)):
+            raise _refuse("a ``|`` of values that are not types", "only type annotations are combined")
+        return me._protect(left | right)
+
+    def reduce_union(function: Any, items: Any) -> Any:
+        if function is not type_union or not isinstance(items, tuple) or not items:
+            raise _refuse("a call to functools.reduce", "only a union of types is reduced")
+        return functools.reduce(type_union, items)
+
+    def field_type_sentinel(name: Any) -> Any:
+        try:
+            return me._protect(cp._get_dataclass_field_type_sentinel(name))
+        except (KeyError, TypeError):
+            raise _refuse("a malformed dataclass field") from None
 
     def load_from_bytes(data: Any) -> Any:
         import torch
@@ -149,6 +304,19 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         (cloud, "_builtin_type"): builtin_type,
         (cloud, "_make_skeleton_class"): make_skeleton_class,
         (cloud, "_class_setstate"): class_setstate,
+        (cloud, "_make_skeleton_enum"): make_skeleton_enum,
+        (cloud, "_make_typevar"): make_typevar,
+        (cloud, "_make_function"): make_function,
+        (cloud, "_function_setstate"): function_setstate,
+        (cloud, "_make_cell"): cp._make_cell,
+        (cloud, "_make_empty_cell"): cp._make_empty_cell,
+        (cloud, "_get_dataclass_field_type_sentinel"): field_type_sentinel,
+        ("_operator", "getitem"): subscript,
+        ("operator", "getitem"): subscript,
+        ("_operator", "or_"): type_union,
+        ("operator", "or_"): type_union,
+        ("_functools", "reduce"): reduce_union,
+        ("functools", "reduce"): reduce_union,
         (cloud, "_make_dict_keys"): cp._make_dict_keys,
         (cloud, "_make_dict_values"): cp._make_dict_values,
         (cloud, "_make_dict_items"): cp._make_dict_items,
