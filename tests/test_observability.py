@@ -42,7 +42,7 @@ def observed(root, server_hf_home, test_snapshot, server):
 
 def scrape(server) -> dict:
     """Every sample of /metrics as {(name, sorted labels): value}."""
-    response = httpx.get(f"{server.url}/metrics", timeout=10)
+    response = httpx.get(f"{server.url}/metrics", headers={"ndif-api-key": API_KEY}, timeout=10)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     samples = {}

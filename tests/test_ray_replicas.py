@@ -185,6 +185,6 @@ def test_losing_the_node_fails_its_job_and_the_replica_moves(ray_server, ray_clu
     with local_model.trace(PROMPT):
         expected = local_model.lm_head.output.save()
     assert_identical(logits, expected)
-    metrics = httpx.get(f"{ray_server.url}/metrics").text
+    metrics = httpx.get(f"{ray_server.url}/metrics", headers={"ndif-api-key": API_KEY}).text
     assert f'nnhost_worker_restarts_total{{model="{TEST_REPO}"}} 1.0' in metrics
 

@@ -94,7 +94,7 @@ def test_api_processes_share_the_work_with_results_equal_to_local(cluster, remot
     for api in (api_1, api_2):
         status = httpx.get(f"{api.url}/status", timeout=10).json()
         assert any(d["application_state"] == "RUNNING" for d in status["deployments"].values())
-        metrics = httpx.get(f"{api.url}/metrics", timeout=10).text
+        metrics = httpx.get(f"{api.url}/metrics", headers={"ndif-api-key": API_KEY}, timeout=10).text
         assert 'nnhost_deployment_level{level="HOT"' in metrics
     # The controller serves no requests of its own.
     refused = httpx.post(f"{cluster['controller'].url}/request", headers=HEADERS, timeout=10)

@@ -164,6 +164,10 @@ class Settings(BaseSettings):
     auth_failure_limit: int = Field(30, ge=0)
     #: Seconds of that window.
     auth_failure_window: Duration = 300.0
+    #: Accounts one client address may make an hour through the sign-up page (0: no limit).
+    signups_per_address: int = Field(10, ge=0)
+    #: Who may read /metrics: "key" (a key tagged admin or metrics) or "public".
+    metrics_access: Literal["key", "public"] = "key"
     #: Proxies whose X-Forwarded-For / X-Forwarded-Proto headers are believed
     #: (addresses or networks, or "*"); none by default.
     forwarded_allow_ips: Names = Field(default_factory=list)

@@ -8,10 +8,13 @@ does not exist.
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Optional, TypeVar
 
+import anyio
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -55,6 +58,33 @@ def install(app: FastAPI) -> None:
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
 
 
+#: Password hashes computed at once (argon2id: about 50 ms and 64 MiB each).
+HASHING_AT_ONCE = max(1, (os.cpu_count() or 2) // 2)
+#: Logins and sign-ups waiting for a hash, past which a new one is told to come back.
+HASHING_QUEUE = 32
+
+T = TypeVar("T")
+
+
+class Busy(Throttled):
+    """Too many password checks waiting: come back shortly (503, not the caller's fault)."""
+
+
+async def password_work(request: Request, function: Callable[..., T], *args: Any) -> T:
+    """Run a login or sign-up (it hashes a password) in a thread, a few at a time.
+
+    Never on the event loop: a burst of logins would stall every websocket.
+    The pool is bounded (argon2 is memory-hard), and so is the queue before it.
+    """
+    state = request.app.state
+    limiter = getattr(state, "password_hashing", None)
+    if limiter is None:  # made on the app's own event loop, on first use
+        limiter = state.password_hashing = anyio.CapacityLimiter(HASHING_AT_ONCE)
+    if limiter.statistics().tasks_waiting >= HASHING_QUEUE:
+        raise Busy("The server is busy checking passwords. Try again in a few seconds.", 5.0)
+    return await anyio.to_thread.run_sync(functools.partial(function, *args), limiter=limiter)
+
+
 # -- signing up, in and out ---------------------------------------------------------
 
 
@@ -76,14 +106,15 @@ async def login(request: Request) -> Response:
         return refusal
     email, target = form_field(form, "email"), safe_next(form_field(form, "next"))
     try:
-        signed = server_of(request).accounts.login(
-            email, form_field(form, "password"), client_address(request)
+        signed = await password_work(
+            request, server_of(request).accounts.login,
+            email, form_field(form, "password"), client_address(request),
         )
     except Throttled as error:
         headers = {"Retry-After": retry_after(error.retry_after)}
         return render(
-            request, "login.html", viewer=None, status=429, headers=headers,
-            email=email, next=target, error=error.message,
+            request, "login.html", viewer=None, status=503 if isinstance(error, Busy) else 429,
+            headers=headers, email=email, next=target, error=error.message,
         )
     except AccountError as error:
         return render(
@@ -123,11 +154,12 @@ async def signup(request: Request) -> Response:
     if password != form_field(form, "confirm"):
         return again(400, "The two passwords differ. Type the same password twice.")
     try:
-        signed = server_of(request).accounts.signup(
-            email, password, invite, client_address(request)
+        signed = await password_work(
+            request, server_of(request).accounts.signup, email, password, invite, client_address(request)
         )
     except Throttled as error:
-        return again(429, error.message, {"Retry-After": retry_after(error.retry_after)})
+        status = 503 if isinstance(error, Busy) else 429
+        return again(status, error.message, {"Retry-After": retry_after(error.retry_after)})
     except AccountError as error:
         return again(403 if server_of(request).settings.signup == "closed" else 400, str(error))
     return signed_in(request, signed, "/keys?welcome=1")

@@ -2,7 +2,8 @@
 
 ``nnsight.status()`` and ``is_model_running()`` read /status, ``nnsight.compare()``
 reads /env, ``nnsight login`` / ``whoami`` read /whoami. ``/metrics`` is for
-Prometheus; like /status it is public and holds no user's data.
+Prometheus: it holds no user's data, but its histograms move one job at a
+time, so by default it needs a key tagged admin or metrics (``metrics_access``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import sys
 from functools import lru_cache
 from importlib.metadata import distributions, packages_distributions
 
-from fastapi import APIRouter, Request
+from typing import Optional
+
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import PlainTextResponse, Response
 
 from ..telemetry.metrics import CONTENT_TYPE_LATEST
@@ -83,8 +86,37 @@ async def whoami(request: Request) -> dict:
     return {"email": principal.email, "tags": list(principal.tags)}
 
 
+#: Tags whose keys may read /metrics when ``metrics_access = "key"``.
+METRICS_TAGS = frozenset({"admin", "metrics"})
+
+
+def metrics_key(request: Request) -> Optional[str]:
+    """The key a scraper sent: ``ndif-api-key``, or ``Authorization: Bearer`` (Prometheus's way)."""
+    key = request.headers.get(API_KEY_HEADER)
+    if key:
+        return key
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
 @router.get("/metrics", include_in_schema=False)
 async def metrics(request: Request) -> Response:
+    server = server_of(request)
+    if server.settings.metrics_access == "key":
+        # Its histograms move by one job at a time: another user's result size,
+        # hence input length, could be read off them. Operators only.
+        try:
+            check = server.access.authenticate(metrics_key(request), client_address(request))
+        except Throttled as error:
+            raise too_many(error) from None
+        if check.principal is None:
+            raise HTTPException(
+                401,
+                "/metrics needs a key tagged admin or metrics, sent as `ndif-api-key` or "
+                "`Authorization: Bearer <key>` (or set metrics_access = \"public\").",
+            )
+        if not METRICS_TAGS & set(check.principal.tags):
+            raise HTTPException(403, "/metrics is for keys tagged admin or metrics; yours is not.")
     # On the event loop, like every change to what it reads: one consistent moment.
-    body = server_of(request).metrics.exposition()
+    body = server.metrics.exposition()
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -96,7 +96,12 @@ class Access:
         self.rate = RequestRate()
         limit, window = settings.auth_failure_limit, settings.auth_failure_window
         self.key_failures = FailureCounter(limit, window)
+        #: Wrong passwords per address and account, and per address whatever the account
+        #: (so naming a new email each time does not start a new count).
         self.password_failures = FailureCounter(limit, window)
+        self.address_password_failures = FailureCounter(limit, window)
+        #: Accounts made per address in the last hour (counted like failures: a sliding window).
+        self.signups = FailureCounter(settings.signups_per_address, 3600.0)
         self._unfinished_jobs = unfinished_jobs
         self.local_admin: Optional[Principal] = None
         if self.open:

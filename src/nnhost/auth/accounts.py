@@ -1,10 +1,14 @@
 """Signing up, logging in and out: the rules behind the web pages.
 
 Who may sign up is the operator's choice (``signup = "open" | "invite" |
-"closed"``). A password is checked against its argon2 hash; a wrong one counts
-against the client's address and that account, a wrong invite code against
-the address, and a source over the limit is refused for a while (`Throttled`). A successful sign-up or
-login starts a server-side session (see `sessions`). Every refusal here is a
+"closed"``), and one address may make ``signups_per_address`` accounts an
+hour. A password is checked against its argon2 hash; a wrong one counts
+against the client's address and that account and against the address alone,
+a wrong invite code against the address, and a source over the limit is
+refused for a while (`Throttled`) before any hash is computed. Hashing is slow
+on purpose: callers on an event loop run these methods in a thread
+(`api.account_pages`). A successful sign-up or login starts a server-side
+session (see `sessions`). Every refusal here is a
 sentence the page can show as it is. Nothing here knows HTTP.
 """
 
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from ..db import Database
 from .access import Access, Throttled
@@ -55,12 +59,30 @@ class Accounts:
     def signup_mode(self) -> str:
         return self.settings.signup
 
-    def _check_address(self, address: str) -> None:
-        wait = self.access.password_failures.blocked_for(address)
+    def _check_address(self, address: str, source: Optional[str] = None) -> None:
+        """Refuse a source over the failure limit, before any password is hashed."""
+        wait = max(
+            self.access.address_password_failures.blocked_for(address),
+            self.access.password_failures.blocked_for(source or address),
+        )
         if wait > 0:
             raise Throttled(
                 f"Too many failed attempts from your address. Wait {max(1, round(wait))} "
                 "seconds before trying again.",
+                wait,
+            )
+
+    def _record_failure(self, address: str, source: Optional[str] = None) -> None:
+        self.access.address_password_failures.record(address)
+        self.access.password_failures.record(source or address)
+
+    def _check_signups(self, address: str) -> None:
+        wait = self.access.signups.blocked_for(address)
+        if wait > 0:
+            raise Throttled(
+                f"Your address has made {self.settings.signups_per_address} accounts in the "
+                f"last hour, this server's limit. Try again in {max(1, round(wait / 60))} "
+                "minutes, or ask its operator for an account.",
                 wait,
             )
 
@@ -70,6 +92,7 @@ class Accounts:
                 "This server does not take sign-ups. Ask its operator for an account."
             )
         self._check_address(address)
+        self._check_signups(address)
         email = normalize_email(email)
         if not _EMAIL.match(email):
             raise AccountError("Enter an email address, like ada@example.org.")
@@ -80,7 +103,7 @@ class Accounts:
         if self.signup_mode == "invite":
             invite = self.invites.claim(invite_code)
             if invite is None:
-                self.access.password_failures.record(address)
+                self._record_failure(address)
                 raise AccountError(
                     "That invite code is not valid (unknown, used or expired). "
                     "Ask the server's operator for a new one."
@@ -95,20 +118,24 @@ class Accounts:
             raise AccountError(f"There is already an account for {email}. Log in instead.") from None
         if invite is not None:
             self.invites.bind(invite.id, user_id)
+        self.access.signups.record(address)
         principal = self.keys.principal(user_id)
         return SignedIn(principal, self.sessions.create(user_id))
 
     def login(self, email: str, password: str, address: str) -> SignedIn:
         # Passwords can be guessed, so a source over the limit is refused before
-        # the check (else the right guess would tell). The source is this address
-        # *and* this account: guessing one account does not lock others out.
+        # the check (else the right guess would tell), and before the hash is
+        # paid for. Two counts: this address and account (guessing one account
+        # does not lock others out), and this address whatever the account (a
+        # new email each time is no way around the first). Neither reaches
+        # another address: the right password from elsewhere always works.
         source = f"{address} {normalize_email(email)}"
-        self._check_address(source)
+        self._check_address(address, source)
         record = self.keys.login_record(email)
         stored = record[1] if record else None
         # Always run the hash, so an unknown email takes as long as a wrong password.
         if not verify_password(stored, password) or record is None:
-            self.access.password_failures.record(source)
+            self._record_failure(address, source)
             raise AccountError("That email and password don't match an account here.")
         principal, stored, disabled = record
         if disabled:

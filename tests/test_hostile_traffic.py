@@ -1,0 +1,167 @@
+"""Hostile traffic against a real server over real sockets: others keep being served.
+
+Each test drives ``nnhost serve`` from loopback, with clients bound to
+different loopback addresses (127.0.0.x) where the source address matters.
+Loops are bounded in count and time. Latency bounds here are liveness checks
+(the server answers at all while the attack runs), never benchmarks:
+`benchmarks/` measures.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from conftest import API_KEY, TEST_REPO
+from nnhost.testing import ServerProcess
+from test_accounts import csrf_of
+
+FAILURE_LIMIT = 5
+SIGNUPS_PER_ADDRESS = 3
+#: The login flood: attempts, and how many are in flight at once.
+ATTEMPTS, WORKERS = 128, 32
+
+
+@pytest.fixture(scope="module")
+def server(root, server_hf_home, test_snapshot):
+    process = ServerProcess(
+        [TEST_REPO],
+        data_dir=root / "hostile-traffic-data",
+        hf_home=server_hf_home,
+        api_key=API_KEY,
+        env={
+            "NNHOST_AUTH_FAILURE_LIMIT": str(FAILURE_LIMIT),
+            "NNHOST_SIGNUPS_PER_ADDRESS": str(SIGNUPS_PER_ADDRESS),
+        },
+    )
+    process.start()
+    yield process
+    process.stop()
+
+
+def client_from(address: str, base_url: str) -> httpx.Client:
+    """An HTTP client whose connections come from ``address`` (a loopback address)."""
+    return httpx.Client(
+        base_url=base_url, transport=httpx.HTTPTransport(local_address=address), timeout=60
+    )
+
+
+# A sign-up or login that goes through redirects (303) to the keys page.
+SIGNED_IN = 303
+
+
+def sign_up(client: httpx.Client, email: str, password: str) -> httpx.Response:
+    client.cookies.clear()  # each attempt as a new visitor
+    token = csrf_of(client.get("/signup").text)
+    return client.post(
+        "/signup",
+        data={"email": email, "password": password, "confirm": password, "csrf": token},
+    )
+
+
+def log_in(client: httpx.Client, email: str, password: str) -> httpx.Response:
+    client.cookies.clear()
+    token = csrf_of(client.get("/login").text)
+    return client.post("/login", data={"email": email, "password": password, "csrf": token})
+
+
+class Pinger:
+    """Asks /ping every 50 ms from its own address and keeps the slowest answer."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.slowest = 0.0
+        self.answers = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with client_from("127.0.0.9", self.base_url) as client:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                assert client.get("/ping").status_code == 200
+                self.slowest = max(self.slowest, time.perf_counter() - started)
+                self.answers += 1
+                self._stop.wait(0.05)
+
+    def __enter__(self) -> "Pinger":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+
+def test_a_login_flood_with_new_emails_neither_stalls_nor_gets_through(server):
+    """330 logins naming new emails froze the loop for 40 s; now they are hashed off it and cut off."""
+    with client_from("127.0.0.3", server.url) as owner:
+        assert sign_up(owner, "owner@example.org", "the-right-password").status_code == SIGNED_IN
+
+    def attempt(index: int) -> int:
+        with client_from("127.0.0.2", server.url) as client:
+            return log_in(client, f"guess{index}@example.org", "wrong-password").status_code
+
+    with Pinger(server.url) as pinger, ThreadPoolExecutor(WORKERS) as pool:
+        codes = list(pool.map(attempt, range(ATTEMPTS)))
+    assert pinger.answers > 0
+    assert pinger.slowest < 2.0, f"/ping took {pinger.slowest:.2f}s during the login flood"
+    # The address's failures stop at the limit, whatever email each attempt named
+    # (a few more may be in flight when the limit is reached).
+    assert codes.count(401) <= FAILURE_LIMIT + WORKERS, codes
+    assert codes.count(429) >= ATTEMPTS - FAILURE_LIMIT - WORKERS, codes
+    assert set(codes) <= {401, 429, 503}, codes
+    # The flooding address is refused even the right password; every other address is not.
+    with client_from("127.0.0.2", server.url) as flooder:
+        assert log_in(flooder, "owner@example.org", "the-right-password").status_code == 429
+    with client_from("127.0.0.4", server.url) as elsewhere:
+        assert log_in(elsewhere, "owner@example.org", "the-right-password").status_code == SIGNED_IN
+
+
+def test_sign_ups_are_limited_per_address(server):
+    with client_from("127.0.0.5", server.url) as client:
+        made = [
+            sign_up(client, f"maker{i}@example.org", "a-long-password").status_code
+            for i in range(SIGNUPS_PER_ADDRESS)
+        ]
+        assert made == [SIGNED_IN] * SIGNUPS_PER_ADDRESS
+        refused = sign_up(client, "one-more@example.org", "a-long-password")
+        assert refused.status_code == 429, refused.text
+        assert int(refused.headers["retry-after"]) > 60
+        assert "accounts in the last hour" in refused.text
+    with client_from("127.0.0.6", server.url) as other:
+        assert sign_up(other, "someone-else@example.org", "a-long-password").status_code == SIGNED_IN
+
+
+def test_metrics_need_a_key_tagged_admin_or_metrics(server):
+    """Histograms that move one job at a time are for operators, not every user."""
+    from test_accounts import cli
+
+    data_dir = server.data_dir
+    cli(data_dir, "users", "add", "user@example.org")
+    user_key = cli(data_dir, "keys", "create", "--email", "user@example.org").stdout.strip()
+    cli(data_dir, "users", "add", "scraper@example.org", "--tag", "metrics")
+    scraper_key = cli(data_dir, "keys", "create", "--email", "scraper@example.org").stdout.strip()
+    metrics = f"{server.url}/metrics"
+
+    anonymous = httpx.get(metrics, timeout=10)
+    assert anonymous.status_code == 401 and "tagged admin or metrics" in anonymous.json()["detail"]
+    assert "nnhost_result_bytes" not in anonymous.text
+    user = httpx.get(metrics, headers={"ndif-api-key": user_key}, timeout=10)
+    assert user.status_code == 403 and "nnhost_result_bytes" not in user.text
+    for headers in ({"Authorization": f"Bearer {scraper_key}"}, {"ndif-api-key": API_KEY}):
+        scraped = httpx.get(metrics, headers=headers, timeout=10)
+        assert scraped.status_code == 200 and "nnhost_result_bytes" in scraped.text
+
+
+def test_metrics_can_be_made_public(tmp_path):
+    from test_accounts import app_client
+
+    with app_client(tmp_path, metrics_access="public") as client:
+        assert client.get("/metrics").status_code == 200
+    with app_client(tmp_path / "keyed") as client:
+        assert client.get("/metrics").status_code == 401
