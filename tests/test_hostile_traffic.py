@@ -165,3 +165,70 @@ def test_metrics_can_be_made_public(tmp_path):
         assert client.get("/metrics").status_code == 200
     with app_client(tmp_path / "keyed") as client:
         assert client.get("/metrics").status_code == 401
+
+
+def _raw_post(server, path: str, declared: int, sent: int, headers: str = "") -> tuple[bytes, int]:
+    """POST declaring ``declared`` body bytes and sending ``sent`` of them; the reply and bytes sent.
+
+    The body goes out in 1 MiB pieces; the reply is read as soon as the server
+    gives one. A server that reads the body before checking the caller never
+    answers until it has it all.
+    """
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"{headers}Content-Length: {declared}\r\n\r\n".encode()
+        )
+        sock.settimeout(0.2)
+        chunk, written, reply = b"{" + b" " * (2**20 - 1), 0, b""
+        while written < sent and not reply:
+            try:
+                sock.sendall(chunk)
+                written += len(chunk)
+            except OSError:
+                break  # the server answered and closed
+            try:
+                reply = sock.recv(65536)
+            except socket.timeout:
+                pass
+        sock.settimeout(30)
+        while b"\r\n\r\n" not in reply:
+            more = sock.recv(65536)
+            if not more:
+                break
+            reply += more
+    return reply, written
+
+
+def test_an_operator_route_refuses_an_anonymous_body_before_reading_it(server):
+    """An anonymous 384 MiB JSON body used to be read whole (1 GiB of memory) before the 401."""
+    reply, written = _raw_post(server, "/admin/deploy", declared=384 * 2**20, sent=64 * 2**20)
+    assert reply.startswith(b"HTTP/1.1 401"), reply[:200]
+    assert written < 64 * 2**20, "the server waited for the body before checking the key"
+    # An operator's body is bounded too: a declared 384 MiB is refused unread.
+    reply, written = _raw_post(
+        server, "/admin/deploy", declared=384 * 2**20, sent=64 * 2**20,
+        headers=f"ndif-api-key: {API_KEY}\r\n",
+    )
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+    assert written < 64 * 2**20
+    assert httpx.get(f"{server.url}/ping", timeout=10).status_code == 200
+
+
+def test_an_anonymous_websocket_cannot_send_a_message_that_inflates(server):
+    """Per-message deflate let one message inflate to 256 MiB; now it is off, and messages are small."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    url = server.url.replace("http://", "ws://") + "/subscribe"
+    with connect(url, compression="deflate", max_size=None, open_timeout=10) as socket:
+        assert "Sec-WebSocket-Extensions" not in socket.response.headers  # no deflate agreed
+        first = socket.recv(timeout=10)
+        assert "session_id" in first
+        socket.send(b"x" * (128 * 1024))  # twice the limit, one write
+        with pytest.raises(ConnectionClosed) as closed:
+            socket.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # message too big
+    assert httpx.get(f"{server.url}/ping", timeout=10).status_code == 200

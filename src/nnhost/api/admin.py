@@ -7,14 +7,14 @@ job id is a 404, so ids reveal nothing.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, TypeVar
 
 from fastapi import APIRouter, HTTPException, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from ..auth.keys import Principal
 from ..jobs.front import Refused
-from .deps import require_principal, server_of
+from .deps import BodyTooLarge, bounded, require_principal, server_of
 
 router = APIRouter()
 
@@ -35,9 +35,32 @@ class EvictBody(BaseModel):
     model: str
 
 
+#: Largest JSON body an operator route reads (a model name and a level).
+_MAX_JSON_BYTES = 64 * 1024
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+async def read_json(request: Request, model: type[Body]) -> Body:
+    """The route's JSON body, read only now (after the key was checked) and bounded."""
+    try:
+        raw = await bounded(request, _MAX_JSON_BYTES).body()
+    except BodyTooLarge:
+        raise HTTPException(413, f"This route takes a JSON body of at most {_MAX_JSON_BYTES:,} bytes.") from None
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in issue['loc']) or 'body'}: {issue['msg']}" for issue in error.errors()
+        )
+        raise HTTPException(422, f"The JSON body is not valid: {problems}") from None
+
+
 @router.post("/admin/deploy")
-async def deploy(body: DeployBody, request: Request) -> dict:
+async def deploy(request: Request) -> dict:
+    # The key first, the body after: nobody's body is read before they are known.
     require_admin(request)
+    body = await read_json(request, DeployBody)
     return await deploy_model(server_of(request), body.model, body.level)
 
 
@@ -47,8 +70,9 @@ async def deploy_model(server, name: str, level: str) -> dict:
 
 
 @router.post("/admin/evict")
-async def evict(body: EvictBody, request: Request) -> dict:
+async def evict(request: Request) -> dict:
     require_admin(request)
+    body = await read_json(request, EvictBody)
     return await evict_model(server_of(request), body.model)
 
 

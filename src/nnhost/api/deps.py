@@ -39,6 +39,39 @@ def client_address(request: Request) -> str:
     return request.client.host if request.client else "unknown"
 
 
+class BodyTooLarge(Exception):
+    """A request body past its route's limit; ``size`` is what was declared or read so far."""
+
+    def __init__(self, size: int, limit: int, known: bool) -> None:
+        super().__init__(size, limit, known)
+        self.size, self.limit, self.known = size, limit, known
+
+
+def bounded(request: Request, limit: int) -> Request:
+    """``request`` whose body may not pass ``limit`` bytes: `BodyTooLarge` before reading past it.
+
+    A declared length over the limit is refused before a byte is read; a
+    chunked body (no length) is counted as it arrives, and reading stops the
+    moment it passes. Call it after the caller is known (a key, a session):
+    nobody's body is read before that.
+    """
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(int(declared), limit, known=True)
+    receive, received = request.receive, 0
+
+    async def counted_receive():
+        nonlocal received
+        message = await receive()
+        if message.get("type") == "http.request":
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise BodyTooLarge(received, limit, known=False)
+        return message
+
+    return Request(request.scope, counted_receive)
+
+
 def too_many(error: Throttled) -> HTTPException:
     headers = {"Retry-After": retry_after(error.retry_after)}
     return HTTPException(429, error.message, headers=headers)

@@ -21,7 +21,7 @@ from ..auth.accounts import SignedIn
 from ..auth.keys import Principal
 from ..auth.sessions import csrf_matches, csrf_token
 from ..web import environment
-from .deps import server_of
+from .deps import BodyTooLarge, bounded, server_of
 
 SESSION_COOKIE = "nnhost_session"
 FORM_COOKIE = "nnhost_form"
@@ -136,11 +136,10 @@ def safe_next(target: Optional[str]) -> str:
 
 async def read_form(request: Request, viewer: Optional[Viewer]):
     """The POSTed form, or an HTML refusal when it is too big or its CSRF token is wrong."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > _MAX_FORM_BYTES:
-        return None, message(request, viewer, 413, "Too large", "That form is too large.")
     try:
-        form = await request.form(max_files=0, max_fields=16)
+        form = await bounded(request, _MAX_FORM_BYTES).form(max_files=0, max_fields=16)
+    except BodyTooLarge:
+        return None, message(request, viewer, 413, "Too large", "That form is too large.")
     except Exception:
         return None, message(request, viewer, 400, "Bad form", "That form could not be read.")
     sent = form.get("csrf")

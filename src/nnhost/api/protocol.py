@@ -23,7 +23,9 @@ from ..wire import RequestEnvelope
 from . import replies
 from .deps import (
     API_KEY_HEADER,
+    BodyTooLarge,
     admit,
+    bounded,
     check_client_version,
     identify,
     require_principal,
@@ -52,25 +54,10 @@ def _too_large(size: int, limit: int, known: bool = True) -> HTTPException:
 
 
 async def _read_form(request: Request, limit: int):
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise _too_large(int(declared), limit)
-    # A chunked body declares no length: count what arrives, and stop reading
-    # (and spooling to disk) the moment it passes the limit.
-    receive, received = request.receive, 0
-
-    async def counted_receive():
-        nonlocal received
-        message = await receive()
-        if message.get("type") == "http.request":
-            received += len(message.get("body", b""))
-            if received > limit:
-                raise _too_large(received, limit, known=False)
-        return message
-
-    request = Request(request.scope, counted_receive)
     try:
-        return await request.form(max_files=2, max_fields=8)
+        return await bounded(request, limit).form(max_files=2, max_fields=8)
+    except BodyTooLarge as error:
+        raise _too_large(error.size, limit, error.known) from None
     except HTTPException:
         raise
     except Exception as error:

@@ -149,7 +149,10 @@ def serve_command(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=args.log_level,
         log_config=None,  # uvicorn writes through the handler `configure` set up
-        ws_max_size=1 << 30,
+        # The client only listens on its websocket: what it may send is small,
+        # and never compressed (a deflated message could inflate without bound).
+        ws_max_size=64 * 1024,
+        ws_per_message_deflate=False,
         timeout_graceful_shutdown=10,
         # uvicorn believes X-Forwarded-For from 127.0.0.1 unless told otherwise;
         # here only the proxies the operator names are believed (none by default).
