@@ -26,7 +26,9 @@ of the user's own class.
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -371,6 +373,7 @@ def shipped_module(name, source):
     """A module of the user's, written to a folder the server has never seen, and registered."""
     if name not in sys.modules:
         folder = Path(tempfile.mkdtemp(prefix="nnhost-parity-"))
+        atexit.register(shutil.rmtree, folder, True)  # the source is read until the process ends
         (folder / f"{name}.py").write_text(source)
         sys.path.insert(0, str(folder))
         try:

@@ -389,6 +389,55 @@ class TestForgedEvents:
         assert again["status"] == "COMPLETED" and again["description"] == earlier["description"], again
 
 
+class TestLogFlood:
+    """A process that floods its event channel with LOG lines is stopped at the job's line cap.
+
+    It used to stall /ping for everyone for up to 12 s: each of 54,500 events
+    cost a database read on the event loop before the per-job cap dropped it.
+    """
+
+    SOURCE = """
+        channel.send({"type": "event", "job_id": spec.job_id, "status": "RUNNING", "description": ""})
+        for index in range(60_000):
+            channel.send({"type": "event", "job_id": spec.job_id, "status": "LOG",
+                          "description": f"flood {index}"})
+        import time; time.sleep(10)
+    """
+
+    def test_a_log_flood_is_cut_off_without_stalling_anyone(self, next_user_is_served, mallory, remote_model):
+        server = next_user_is_served
+        slowest = [0.0]
+        stop = threading.Event()
+
+        def ping() -> None:
+            while not stop.is_set():
+                started = time.perf_counter()
+                httpx.get(f"{server.url}/ping", timeout=30)
+                slowest[0] = max(slowest[0], time.perf_counter() - started)
+                stop.wait(0.05)
+
+        pinger = threading.Thread(target=ping, daemon=True)
+        pinger.start()
+        try:
+            final = hostile(server, mallory, self.SOURCE, remote_model)
+        finally:
+            stop.set()
+            pinger.join(timeout=60)
+        assert final["status"] == "ERROR", final
+        assert "broke the server's protocol" in final["description"], final
+        assert "LOG lines" in final["description"], final
+        assert slowest[0] < 5.0, f"/ping took {slowest[0]:.1f}s during the flood"
+        # Nothing past the job's cap reached the database.
+        database = sqlite3.connect(server.data_dir / "nnhost.sqlite3")
+        try:
+            (kept,) = database.execute(
+                "SELECT COUNT(*) FROM job_logs WHERE job_id = ?", (final["id"],)
+            ).fetchone()
+        finally:
+            database.close()
+        assert kept <= 10_001, kept
+
+
 class TestMemoryBySharedMappings:
     SOURCE = """
         import mmap

@@ -5,7 +5,8 @@ Python layer: every message it sends is checked here before anything else in
 the server sees it. A message is accepted only if it is an event for *the*
 job handed to that process, in the one allowed order (RUNNING, then LOG
 lines, then COMPLETED or ERROR; an ERROR may also come first, when the request
-cannot be read), with fields of the right types and sizes. COMPLETED must name
+cannot be read), with fields of the right types and sizes, and no more LOG
+lines than the job's own capture lets through. COMPLETED must name
 the size the result file really has. Anything else is a violation: the replica
 kills the process and fails the job with a clear ERROR. Nothing here raises on
 bad input.
@@ -41,6 +42,7 @@ class JobWatch:
         self.spec = spec
         self.running = False
         self.finished = False
+        self.log_events = 0
 
     def check(self, message: dict[str, Any]) -> Union[JobEvent, Violation]:
         if self.finished:
@@ -69,6 +71,12 @@ class JobWatch:
         if status == "LOG":
             if not self.running:
                 return Violation("it sent LOG before RUNNING")
+            # The job's own capture stops at max_log_lines and one notice; a
+            # process that sends more is flooding, and is stopped here, before
+            # its lines cost the controller anything.
+            self.log_events += 1
+            if self.log_events > self.spec.max_log_lines + 1:
+                return Violation(f"it sent more than {self.spec.max_log_lines + 1:,} LOG lines")
             return JobEvent(self.spec.job_id, "LOG", description)
         if status == "ERROR":
             self.finished = True

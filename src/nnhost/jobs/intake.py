@@ -135,6 +135,11 @@ class LogBudget:
         self.max_bytes = max_bytes
         self._spent: dict[str, _Spent] = {}
 
+    def spent(self, job_id: str) -> bool:
+        """Whether ``job_id`` has used its budget (its further lines are dropped)."""
+        spent = self._spent.get(job_id)
+        return spent is not None and spent.cut
+
     def admit(self, job_id: str, line: str) -> list[str]:
         """The lines to keep and forward for ``line``: itself, nothing, or the notice."""
         spent = self._spent.setdefault(job_id, _Spent())

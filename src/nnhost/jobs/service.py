@@ -224,6 +224,8 @@ class JobService(Upkeep):
         job_id = event_job_id(event)
         if job_id is not None and job_id in self._requeued:
             return  # stopped by a graceful shutdown and already back in the queue
+        if job_id is not None and event.status == Status.LOG.value and self.log_budget.spent(job_id):
+            return  # past its budget: dropped before it costs a database read
         job = self.store.get(job_id) if job_id is not None else None
         problem = check_event(event, job, name)
         if problem is not None:
