@@ -12,6 +12,7 @@ can hold is refused, however much the nodes have together.
 from __future__ import annotations
 
 import re
+import signal
 import time
 
 import httpx
@@ -84,7 +85,8 @@ def test_an_api_process_and_a_controller_on_ray_serve_the_client(
 
     Before a node is lost below: each worker node has room for one replica, and
     the other server's holds one of them."""
-    shared = ["--database", postgres.new_database(), "--events", redis_server.url,
+    database = postgres.new_database()
+    shared = ["--database", database, "--events", redis_server.url,
               "--results", str(root / "ray-roles-results"), "--time-limit", "60"]
     controller = ServerProcess(
         [TEST_REPO], data_dir=root / "ray-roles-controller", hf_home=server_hf_home,
@@ -103,9 +105,22 @@ def test_an_api_process_and_a_controller_on_ray_serve_the_client(
         with local_model.trace(PROMPT):
             expected = local_model.lm_head.output.save()
         assert_identical(logits, expected)
+        # SIGTERM to the controller alone (as systemd sends it) stops it as it does
+        # without Ray: its own handler runs, it gives up the lease and exits 0.
+        controller.process.send_signal(signal.SIGTERM)
+        assert controller.process.wait(timeout=90) == 0, controller.log_tail()
+        assert "SystemExit" not in controller.log_path.read_text(errors="replace")
+        assert holders_of_the_controller_lease(database) == []
     finally:
         api.stop()
         controller.stop()
+
+
+def holders_of_the_controller_lease(database_url: str) -> list:
+    import psycopg
+
+    with psycopg.connect(database_url.replace("postgresql+psycopg://", "postgresql://")) as db:
+        return db.execute("SELECT holder FROM leases WHERE name = 'controller'").fetchall()
 
 
 class Answering(ServerProcess):

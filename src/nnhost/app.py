@@ -295,6 +295,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
                 await server.controller.stop(settings.shutdown_grace)
             if lease is not None:
                 await asyncio.to_thread(lease.release)
+                log.info("gave up the controller lease")
             await bus.stop()
             database.close()
 

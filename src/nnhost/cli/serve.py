@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -143,6 +144,9 @@ def serve_command(args: argparse.Namespace) -> int:
         )
     else:
         _print_welcome(url, key_line, example, catalog, settings)
+    # uvicorn stops gracefully on SIGTERM, then raises it again with the handler
+    # it found before it started: this one, so that a stop asked for exits 0.
+    signal.signal(signal.SIGTERM, _stopped)
     uvicorn.run(
         app,
         host=settings.host,
@@ -160,6 +164,10 @@ def serve_command(args: argparse.Namespace) -> int:
         forwarded_allow_ips=",".join(settings.forwarded_allow_ips) or "",
     )
     return 0
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 def _unreachable(url: str) -> Optional[str]:

@@ -23,12 +23,14 @@ so that memory is budgeted per node (`nodes.NodeRoom`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ..execution.events import JobEvent, JobSpec
 from ..execution.worker import WorkerOptions
@@ -49,6 +51,21 @@ RESTART_DELAY = 1.0
 NODES_SECONDS = 5.0
 
 
+@contextlib.contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """Put back the SIGTERM and SIGINT handlers as they were before the block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread can set handlers, and so only it could lose them
+        return
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
 class RayReplicas:
     """Joins the Ray cluster at ``address`` ("auto", "HOST:PORT" or "ray://HOST:PORT")."""
 
@@ -56,8 +73,12 @@ class RayReplicas:
         import ray
 
         if not ray.is_initialized():
-            ray.init(address=address, namespace=namespace, log_to_driver=False,
-                     ignore_reinit_error=True)
+            # ray.init installs its own SIGTERM handler (it raises SystemExit
+            # wherever the process is); the server's own, which finishes the
+            # running jobs and gives up the controller lease, must stay.
+            with _signal_handlers_kept():
+                ray.init(address=address, namespace=namespace, log_to_driver=False,
+                         ignore_reinit_error=True)
         self._actor_class = ray.remote(_host_class())
         self._nodes = read_nodes()
         threading.Thread(target=self._watch_nodes, name="ray-nodes", daemon=True).start()
