@@ -27,11 +27,19 @@ browser:
 
 # The cluster-part tests start Debian's redis-server on loopback (never a system
 # service): install the package when it is missing and we can, as for chromium.
+# The front-end tests run the deployment guide's nginx site in front of a server,
+# started by the suite on loopback; a service the package starts is stopped.
 services:
 	@if ! command -v redis-server >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		echo "Installing redis-server for the tests ..."; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
 			|| echo "Could not install redis-server: the Redis tests will fail." >&2; \
+	fi
+	@if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "Installing nginx for the front-end tests ..."; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null \
+			&& (service nginx stop >/dev/null 2>&1 || true)) \
+			|| echo "Could not install nginx: the front-end tests will fail." >&2; \
 	fi
 
 # The database tests also run on PostgreSQL: Debian's server binaries, started by the
