@@ -121,3 +121,19 @@ def test_an_unreachable_redis_stops_serve_with_a_message(root, server_hf_home, t
          "--events", "http://example.org"], capture_output=True, text=True, timeout=60,
     )
     assert bad.returncode == 2 and "redis://" in bad.stderr
+
+
+def test_api_processes_give_a_user_one_request_allowance(redis_server):  # noqa: F811
+    """With several API processes a user's requests per minute are counted once, in Redis."""
+    from nnhost.auth.limits import LimitPolicy, RequestRate
+
+    limits = LimitPolicy({"t": {"requests_per_minute": 60, "burst": 3}}, max_request_bytes=1).for_tags(("t",))
+    first, second = RequestRate(redis_url=redis_server.url), RequestRate(redis_url=redis_server.url)
+    assert first.shared and second.shared
+    # Three at once in all, whichever process takes them; then a wait of about a second.
+    assert [first.take(41, limits), second.take(41, limits), first.take(41, limits)] == [0.0] * 3
+    wait = second.take(41, limits)
+    assert 0.5 < wait <= 1.0
+    assert first.take(42, limits) == 0.0  # another user has their own bucket
+    alone = RequestRate()  # without Redis: this process's own bucket
+    assert not alone.shared and alone.take(41, limits) == 0.0

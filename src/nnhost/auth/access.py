@@ -93,7 +93,8 @@ class Access:
         self.keys = keys
         self.open = settings.auth == "none"
         self.policy = LimitPolicy(settings.limits, max_request_bytes=settings.max_request_bytes)
-        self.rate = RequestRate()
+        events = settings.events or ""
+        self.rate = RequestRate(redis_url=events if events.startswith(("redis://", "rediss://")) else None)
         limit, window = settings.auth_failure_limit, settings.auth_failure_window
         self.key_failures = FailureCounter(limit, window)
         #: Wrong passwords per address and account, and per address whatever the account

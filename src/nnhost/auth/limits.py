@@ -21,13 +21,15 @@ the per-minute rate); a refusal tells how long until the next token. Failed
 key and password attempts are counted per source (a client address; for
 passwords, an address and account) in a sliding window; a source over the
 limit has its further failures refused until its oldest counted failure ages
-out. Counters live in this process (one API process today; a shared store
-such as Redis could sit behind the same two classes).
+out. Request rates live in Redis when the server has one (``events``), so
+that several API processes give a user one allowance; failure counts live in
+each process.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 import time
@@ -38,6 +40,8 @@ from typing import Any, Callable, Iterable, Mapping, Optional
 from ..units import format_size, parse_size
 
 MiB = 1024 * 1024
+
+_log = logging.getLogger("nnhost.limits")
 
 
 @dataclass(frozen=True)
@@ -135,13 +139,49 @@ class LimitPolicy:
         return limits
 
 
-class RequestRate:
-    """Token buckets, one per user: how long until they may send another request."""
+#: One user's token bucket in Redis, taken atomically: refill by the time passed
+#: (Redis's own clock, so API processes' clocks need not agree), then spend one
+#: token or answer the wait. Returned as text: Redis would truncate a number.
+_TAKE_SCRIPT = """
+local now = redis.call('TIME')
+now = tonumber(now[1]) + tonumber(now[2]) / 1000000
+local rate, capacity = tonumber(ARGV[1]), tonumber(ARGV[2])
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens, at = tonumber(state[1]), tonumber(state[2])
+if tokens == nil or at == nil then tokens, at = capacity, now end
+tokens = math.min(capacity, tokens + math.max(0, now - at) * rate)
+local wait = 0
+if tokens >= 1 then tokens = tokens - 1 else wait = (1 - tokens) / rate end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('EXPIRE', KEYS[1], math.ceil(capacity / rate) + 1)
+return tostring(wait)
+"""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+
+class RequestRate:
+    """Token buckets, one per user: how long until they may send another request.
+
+    In this process, or, given a Redis URL (the server's ``events``, shared by
+    its API processes), in Redis: then every API process spends from the same
+    bucket, and a user gets one allowance however many processes serve them.
+    If Redis cannot be reached the bucket of this process is used, and said.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, redis_url: Optional[str] = None) -> None:
         self._clock = clock
         self._buckets: dict[Any, tuple[float, float]] = {}
         self._lock = threading.Lock()
+        self._script: Any = None
+        if redis_url:
+            import redis
+
+            client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+            self._script = client.register_script(_TAKE_SCRIPT)
+
+    @property
+    def shared(self) -> bool:
+        """Whether the buckets are in Redis, shared with the other API processes."""
+        return self._script is not None
 
     def take(self, subject: Any, limits: Limits) -> float:
         """Spend one token and return 0, or return the seconds to wait (spending nothing)."""
@@ -149,6 +189,13 @@ class RequestRate:
             return 0.0
         rate = limits.requests_per_minute / 60.0
         capacity = limits.capacity
+        if self._script is not None:
+            import redis
+
+            try:
+                return float(self._script(keys=[f"nnhost:rate:{subject}"], args=[rate, capacity]))
+            except (redis.RedisError, ValueError) as error:
+                _log.warning("request rates fall back to this process: Redis said %s", error)
         now = self._clock()
         with self._lock:
             tokens, then = self._buckets.get(subject, (capacity, now))
