@@ -24,6 +24,7 @@ FAILURE_LIMIT = 5
 SIGNUPS_PER_ADDRESS = 3
 #: The login flood: attempts, and how many are in flight at once.
 ATTEMPTS, WORKERS = 128, 32
+MAX_CONNECTIONS = 200
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,7 @@ def server(root, server_hf_home, test_snapshot):
         env={
             "NNHOST_AUTH_FAILURE_LIMIT": str(FAILURE_LIMIT),
             "NNHOST_SIGNUPS_PER_ADDRESS": str(SIGNUPS_PER_ADDRESS),
+            "NNHOST_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
         },
     )
     process.start()
@@ -232,3 +234,58 @@ def test_an_anonymous_websocket_cannot_send_a_message_that_inflates(server):
             socket.recv(timeout=10)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # message too big
     assert httpx.get(f"{server.url}/ping", timeout=10).status_code == 200
+
+
+def resident_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+def test_a_request_line_with_no_end_is_refused_without_growing_the_server(server):
+    """An anonymous 96 MiB request line used to be held whole, and /ping took seconds."""
+    import socket
+
+    before = resident_bytes(server.process.pid)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"GET /")
+        piece, sent, answer = b"a" * 2**20, 0, b""
+        sock.settimeout(0.2)
+        while sent < 96 * 2**20 and not answer:
+            try:
+                sock.sendall(piece)
+                sent += len(piece)
+            except OSError:
+                break  # refused and closed
+            try:
+                answer = sock.recv(4096)
+            except socket.timeout:
+                pass
+    assert sent < 16 * 2**20, f"the server read {sent >> 20} MiB of one request line"
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer[:100]
+    assert resident_bytes(server.process.pid) - before < 64 * 2**20
+    assert httpx.get(f"{server.url}/ping", timeout=10).status_code == 200
+
+
+def test_past_max_connections_a_request_gets_503_and_the_server_recovers(server):
+    """20,000 idle half-requests took every descriptor; now the excess is told 503."""
+    import socket
+
+    held = []
+    try:
+        for _ in range(MAX_CONNECTIONS + 20):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n")  # half a request, never finished
+            held.append(sock)
+        refused = httpx.get(f"{server.url}/ping", timeout=10)
+        assert refused.status_code == 503, refused.text
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if httpx.get(f"{server.url}/ping", timeout=10).status_code == 200:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the server did not serve /ping again after the connections closed")

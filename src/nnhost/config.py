@@ -168,6 +168,8 @@ class Settings(BaseSettings):
     signups_per_address: int = Field(10, ge=0)
     #: Who may read /metrics: "key" (a key tagged admin or metrics) or "public".
     metrics_access: Literal["key", "public"] = "key"
+    #: Connections (websockets included) one server process holds at once; past it a request gets 503.
+    max_connections: int = Field(1000, ge=1)
     #: Proxies whose X-Forwarded-For / X-Forwarded-Proto headers are believed
     #: (addresses or networks, or "*"); none by default.
     forwarded_allow_ips: Names = Field(default_factory=list)

@@ -147,10 +147,17 @@ def serve_command(args: argparse.Namespace) -> int:
     # uvicorn stops gracefully on SIGTERM, then raises it again with the handler
     # it found before it started: this one, so that a stop asked for exits 0.
     signal.signal(signal.SIGTERM, _stopped)
+    _descriptors_for(settings.max_connections)
     uvicorn.run(
         app,
         host=settings.host,
         port=settings.port,
+        # h11 bounds a request's head (line and headers) as it arrives; httptools
+        # would hold a request line of any length. Past max_connections open
+        # connections a request gets 503, before the process runs out of descriptors.
+        http="h11",
+        h11_max_incomplete_event_size=MAX_REQUEST_HEAD,
+        limit_concurrency=settings.max_connections,
         log_level=args.log_level,
         log_config=None,  # uvicorn writes through the handler `configure` set up
         # The client only listens on its websocket: what it may send is small,
@@ -168,6 +175,21 @@ def serve_command(args: argparse.Namespace) -> int:
 
 def _stopped(signum: int, frame: object) -> None:
     raise SystemExit(0)
+
+
+#: Largest request head (request line and headers) the server reads.
+MAX_REQUEST_HEAD = 64 * 1024
+
+
+def _descriptors_for(connections: int) -> None:
+    """Raise this process's descriptor limit so ``connections`` sockets fit beside its files."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + 1024  # the database, results, replicas' pipes, logs
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        ceiling = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, ceiling), hard))
 
 
 def _unreachable(url: str) -> Optional[str]:
