@@ -28,7 +28,7 @@ MAX_CONNECTIONS = 200
 
 
 @pytest.fixture(scope="module")
-def server(root, server_hf_home, test_snapshot):
+def nnhost_server(root, server_hf_home, test_snapshot):
     process = ServerProcess(
         [TEST_REPO],
         data_dir=root / "hostile-traffic-data",
@@ -71,6 +71,22 @@ def log_in(client: httpx.Client, email: str, password: str) -> httpx.Response:
     return client.post("/login", data={"email": email, "password": password, "csrf": token})
 
 
+def small_trace_works(nnhost_server, remote_model, local_model) -> None:
+    """A well-behaved user's small trace, equal to the local run."""
+    from nnsight import CONFIG
+
+    from compare import assert_identical
+    from parity_programs import lm_head_logits
+
+    previous = CONFIG.API.APIKEY
+    CONFIG.API.APIKEY = API_KEY
+    try:
+        remote = lm_head_logits(remote_model, nnhost_server.url)
+    finally:
+        CONFIG.API.APIKEY = previous
+    assert_identical(remote, lm_head_logits(local_model, False))
+
+
 class Pinger:
     """Asks /ping every 50 ms from its own address and keeps the slowest answer."""
 
@@ -99,18 +115,22 @@ class Pinger:
         self._thread.join(timeout=60)
 
 
-def test_a_login_flood_with_new_emails_neither_stalls_nor_gets_through(server):
+def test_a_login_flood_with_new_emails_neither_stalls_nor_gets_through(nnhost_server, remote_model, local_model):
     """330 logins naming new emails froze the loop for 40 s; now they are hashed off it and cut off."""
-    with client_from("127.0.0.3", server.url) as owner:
+    with client_from("127.0.0.3", nnhost_server.url) as owner:
         assert sign_up(owner, "owner@example.org", "the-right-password").status_code == SIGNED_IN
 
     def attempt(index: int) -> int:
-        with client_from("127.0.0.2", server.url) as client:
+        with client_from("127.0.0.2", nnhost_server.url) as client:
             return log_in(client, f"guess{index}@example.org", "wrong-password").status_code
 
-    with Pinger(server.url) as pinger, ThreadPoolExecutor(WORKERS) as pool:
-        codes = list(pool.map(attempt, range(ATTEMPTS)))
+    before = resident_bytes(nnhost_server.process.pid)
+    with Pinger(nnhost_server.url) as pinger, ThreadPoolExecutor(WORKERS) as pool:
+        pending = pool.map(attempt, range(ATTEMPTS))
+        small_trace_works(nnhost_server, remote_model, local_model)  # while the flood runs
+        codes = list(pending)
     assert pinger.answers > 0
+    assert resident_bytes(nnhost_server.process.pid) - before < 512 * 2**20
     assert pinger.slowest < 2.0, f"/ping took {pinger.slowest:.2f}s during the login flood"
     # The address's failures stop at the limit, whatever email each attempt named
     # (a few more may be in flight when the limit is reached).
@@ -118,14 +138,14 @@ def test_a_login_flood_with_new_emails_neither_stalls_nor_gets_through(server):
     assert codes.count(429) >= ATTEMPTS - FAILURE_LIMIT - WORKERS, codes
     assert set(codes) <= {401, 429, 503}, codes
     # The flooding address is refused even the right password; every other address is not.
-    with client_from("127.0.0.2", server.url) as flooder:
+    with client_from("127.0.0.2", nnhost_server.url) as flooder:
         assert log_in(flooder, "owner@example.org", "the-right-password").status_code == 429
-    with client_from("127.0.0.4", server.url) as elsewhere:
+    with client_from("127.0.0.4", nnhost_server.url) as elsewhere:
         assert log_in(elsewhere, "owner@example.org", "the-right-password").status_code == SIGNED_IN
 
 
-def test_sign_ups_are_limited_per_address(server):
-    with client_from("127.0.0.5", server.url) as client:
+def test_sign_ups_are_limited_per_address(nnhost_server):
+    with client_from("127.0.0.5", nnhost_server.url) as client:
         made = [
             sign_up(client, f"maker{i}@example.org", "a-long-password").status_code
             for i in range(SIGNUPS_PER_ADDRESS)
@@ -135,20 +155,20 @@ def test_sign_ups_are_limited_per_address(server):
         assert refused.status_code == 429, refused.text
         assert int(refused.headers["retry-after"]) > 60
         assert "accounts in the last hour" in refused.text
-    with client_from("127.0.0.6", server.url) as other:
+    with client_from("127.0.0.6", nnhost_server.url) as other:
         assert sign_up(other, "someone-else@example.org", "a-long-password").status_code == SIGNED_IN
 
 
-def test_metrics_need_a_key_tagged_admin_or_metrics(server):
+def test_metrics_need_a_key_tagged_admin_or_metrics(nnhost_server):
     """Histograms that move one job at a time are for operators, not every user."""
     from test_accounts import cli
 
-    data_dir = server.data_dir
+    data_dir = nnhost_server.data_dir
     cli(data_dir, "users", "add", "user@example.org")
     user_key = cli(data_dir, "keys", "create", "--email", "user@example.org").stdout.strip()
     cli(data_dir, "users", "add", "scraper@example.org", "--tag", "metrics")
     scraper_key = cli(data_dir, "keys", "create", "--email", "scraper@example.org").stdout.strip()
-    metrics = f"{server.url}/metrics"
+    metrics = f"{nnhost_server.url}/metrics"
 
     anonymous = httpx.get(metrics, timeout=10)
     assert anonymous.status_code == 401 and "tagged admin or metrics" in anonymous.json()["detail"]
@@ -169,7 +189,7 @@ def test_metrics_can_be_made_public(tmp_path):
         assert client.get("/metrics").status_code == 401
 
 
-def _raw_post(server, path: str, declared: int, sent: int, headers: str = "") -> tuple[bytes, int]:
+def _raw_post(nnhost_server, path: str, declared: int, sent: int, headers: str = "") -> tuple[bytes, int]:
     """POST declaring ``declared`` body bytes and sending ``sent`` of them; the reply and bytes sent.
 
     The body goes out in 1 MiB pieces; the reply is read as soon as the server
@@ -178,7 +198,7 @@ def _raw_post(server, path: str, declared: int, sent: int, headers: str = "") ->
     """
     import socket
 
-    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+    with socket.create_connection(("127.0.0.1", nnhost_server.port), timeout=30) as sock:
         sock.sendall(
             f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"{headers}Content-Length: {declared}\r\n\r\n".encode()
@@ -204,27 +224,29 @@ def _raw_post(server, path: str, declared: int, sent: int, headers: str = "") ->
     return reply, written
 
 
-def test_an_operator_route_refuses_an_anonymous_body_before_reading_it(server):
+def test_an_operator_route_refuses_an_anonymous_body_before_reading_it(nnhost_server):
     """An anonymous 384 MiB JSON body used to be read whole (1 GiB of memory) before the 401."""
-    reply, written = _raw_post(server, "/admin/deploy", declared=384 * 2**20, sent=64 * 2**20)
+    before = resident_bytes(nnhost_server.process.pid)
+    reply, written = _raw_post(nnhost_server, "/admin/deploy", declared=384 * 2**20, sent=64 * 2**20)
     assert reply.startswith(b"HTTP/1.1 401"), reply[:200]
     assert written < 64 * 2**20, "the server waited for the body before checking the key"
     # An operator's body is bounded too: a declared 384 MiB is refused unread.
     reply, written = _raw_post(
-        server, "/admin/deploy", declared=384 * 2**20, sent=64 * 2**20,
+        nnhost_server, "/admin/deploy", declared=384 * 2**20, sent=64 * 2**20,
         headers=f"ndif-api-key: {API_KEY}\r\n",
     )
     assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
     assert written < 64 * 2**20
-    assert httpx.get(f"{server.url}/ping", timeout=10).status_code == 200
+    assert resident_bytes(nnhost_server.process.pid) - before < 64 * 2**20
+    assert httpx.get(f"{nnhost_server.url}/ping", timeout=10).status_code == 200
 
 
-def test_an_anonymous_websocket_cannot_send_a_message_that_inflates(server):
+def test_an_anonymous_websocket_cannot_send_a_message_that_inflates(nnhost_server):
     """Per-message deflate let one message inflate to 256 MiB; now it is off, and messages are small."""
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
 
-    url = server.url.replace("http://", "ws://") + "/subscribe"
+    url = nnhost_server.url.replace("http://", "ws://") + "/subscribe"
     with connect(url, compression="deflate", max_size=None, open_timeout=10) as socket:
         assert "Sec-WebSocket-Extensions" not in socket.response.headers  # no deflate agreed
         first = socket.recv(timeout=10)
@@ -233,7 +255,7 @@ def test_an_anonymous_websocket_cannot_send_a_message_that_inflates(server):
         with pytest.raises(ConnectionClosed) as closed:
             socket.recv(timeout=10)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # message too big
-    assert httpx.get(f"{server.url}/ping", timeout=10).status_code == 200
+    assert httpx.get(f"{nnhost_server.url}/ping", timeout=10).status_code == 200
 
 
 def resident_bytes(pid: int) -> int:
@@ -242,12 +264,12 @@ def resident_bytes(pid: int) -> int:
     return int(line.split()[1]) * 1024
 
 
-def test_a_request_line_with_no_end_is_refused_without_growing_the_server(server):
+def test_a_request_line_with_no_end_is_refused_without_growing_the_server(nnhost_server):
     """An anonymous 96 MiB request line used to be held whole, and /ping took seconds."""
     import socket
 
-    before = resident_bytes(server.process.pid)
-    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+    before = resident_bytes(nnhost_server.process.pid)
+    with socket.create_connection(("127.0.0.1", nnhost_server.port), timeout=30) as sock:
         sock.sendall(b"GET /")
         piece, sent, answer = b"a" * 2**20, 0, b""
         sock.settimeout(0.2)
@@ -263,28 +285,28 @@ def test_a_request_line_with_no_end_is_refused_without_growing_the_server(server
                 pass
     assert sent < 16 * 2**20, f"the server read {sent >> 20} MiB of one request line"
     assert answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer[:100]
-    assert resident_bytes(server.process.pid) - before < 64 * 2**20
-    assert httpx.get(f"{server.url}/ping", timeout=10).status_code == 200
+    assert resident_bytes(nnhost_server.process.pid) - before < 64 * 2**20
+    assert httpx.get(f"{nnhost_server.url}/ping", timeout=10).status_code == 200
 
 
-def test_past_max_connections_a_request_gets_503_and_the_server_recovers(server):
+def test_past_max_connections_a_request_gets_503_and_the_server_recovers(nnhost_server):
     """20,000 idle half-requests took every descriptor; now the excess is told 503."""
     import socket
 
     held = []
     try:
         for _ in range(MAX_CONNECTIONS + 20):
-            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            sock = socket.create_connection(("127.0.0.1", nnhost_server.port), timeout=10)
             sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n")  # half a request, never finished
             held.append(sock)
-        refused = httpx.get(f"{server.url}/ping", timeout=10)
+        refused = httpx.get(f"{nnhost_server.url}/ping", timeout=10)
         assert refused.status_code == 503, refused.text
     finally:
         for sock in held:
             sock.close()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        if httpx.get(f"{server.url}/ping", timeout=10).status_code == 200:
+        if httpx.get(f"{nnhost_server.url}/ping", timeout=10).status_code == 200:
             break
         time.sleep(0.2)
     else:
