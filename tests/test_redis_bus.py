@@ -137,3 +137,19 @@ def test_api_processes_give_a_user_one_request_allowance(redis_server):  # noqa:
     assert first.take(42, limits) == 0.0  # another user has their own bucket
     alone = RequestRate()  # without Redis: this process's own bucket
     assert not alone.shared and alone.take(41, limits) == 0.0
+
+
+def test_api_processes_count_failed_attempts_and_sign_ups_together(redis_server):  # noqa: F811
+    """A source's failures (and an address's sign-ups) are one count across API processes."""
+    from nnhost.auth.limits import FailureCounter
+
+    first, second = (FailureCounter(3, 60, redis_url=redis_server.url, name="test-failures")
+                     for _ in range(2))
+    for counter in (first, second, first):
+        assert counter.blocked_for("10.0.0.7") == 0.0
+        counter.record("10.0.0.7")
+    assert 55 < second.blocked_for("10.0.0.7") <= 60  # three in all: blocked in either process
+    assert 55 < first.blocked_for("10.0.0.7") <= 60
+    assert first.blocked_for("10.0.0.8") == 0.0  # another source has its own count
+    other_name = FailureCounter(3, 60, redis_url=redis_server.url, name="test-signups")
+    assert other_name.blocked_for("10.0.0.7") == 0.0  # and another counter its own keys

@@ -94,15 +94,19 @@ class Access:
         self.open = settings.auth == "none"
         self.policy = LimitPolicy(settings.limits, max_request_bytes=settings.max_request_bytes)
         events = settings.events or ""
-        self.rate = RequestRate(redis_url=events if events.startswith(("redis://", "rediss://")) else None)
         limit, window = settings.auth_failure_limit, settings.auth_failure_window
-        self.key_failures = FailureCounter(limit, window)
+        # In Redis when the API processes share one: every process counts the same attempts.
+        shared = events if events.startswith(("redis://", "rediss://")) else None
+        self.rate = RequestRate(redis_url=shared)
+        self.key_failures = FailureCounter(limit, window, redis_url=shared, name="key-failures")
         #: Wrong passwords per address and account, and per address whatever the account
         #: (so naming a new email each time does not start a new count).
-        self.password_failures = FailureCounter(limit, window)
-        self.address_password_failures = FailureCounter(limit, window)
+        self.password_failures = FailureCounter(limit, window, redis_url=shared, name="password-failures")
+        self.address_password_failures = FailureCounter(
+            limit, window, redis_url=shared, name="address-password-failures"
+        )
         #: Accounts made per address in the last hour (counted like failures: a sliding window).
-        self.signups = FailureCounter(settings.signups_per_address, 3600.0)
+        self.signups = FailureCounter(settings.signups_per_address, 3600.0, redis_url=shared, name="signups")
         self._unfinished_jobs = unfinished_jobs
         self.local_admin: Optional[Principal] = None
         if self.open:

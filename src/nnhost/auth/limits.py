@@ -21,9 +21,8 @@ the per-minute rate); a refusal tells how long until the next token. Failed
 key and password attempts are counted per source (a client address; for
 passwords, an address and account) in a sliding window; a source over the
 limit has its further failures refused until its oldest counted failure ages
-out. Request rates live in Redis when the server has one (``events``), so
-that several API processes give a user one allowance; failure counts live in
-each process.
+out. Both live in Redis when the server has one (``events``), so that
+several API processes give a user one allowance and a source one count.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import secrets
 import threading
 import time
 from collections import deque
@@ -214,17 +214,62 @@ class RequestRate:
                 del self._buckets[subject]
 
 
+#: A sliding window of attempts in Redis (a sorted set of times, by Redis's own
+#: clock): ARGV[1] "record" adds one, "check" answers the seconds to wait.
+_WINDOW_SCRIPT = """
+local now = redis.call('TIME')
+now = tonumber(now[1]) + tonumber(now[2]) / 1000000
+local limit, window = tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+if ARGV[1] == 'record' then
+  redis.call('ZADD', KEYS[1], now, tostring(now) .. ':' .. ARGV[4])
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(limit + 1))
+  redis.call('EXPIRE', KEYS[1], math.ceil(window) + 1)
+  return '0'
+end
+if redis.call('ZCARD', KEYS[1]) < limit then return '0' end
+local oldest = redis.call('ZRANGE', KEYS[1], -limit, -limit, 'WITHSCORES')
+return tostring(math.max(0, tonumber(oldest[2]) + window - now))
+"""
+
+
 class FailureCounter:
-    """Failed attempts per client address in a sliding window."""
+    """Attempts per source (a client address, or address and account) in a sliding window.
+
+    In this process, or, given a Redis URL (the server's ``events``), in Redis
+    under ``name``, so that every API process counts the same attempts. If
+    Redis cannot be reached this process's own count is used, and said.
+    """
 
     def __init__(
-        self, limit: int, window: float, clock: Callable[[], float] = time.monotonic
+        self, limit: int, window: float, clock: Callable[[], float] = time.monotonic,
+        *, redis_url: Optional[str] = None, name: str = "failures",
     ) -> None:
         self.limit = limit
         self.window = window
+        self.name = name
         self._clock = clock
         self._failures: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
+        self._script: Any = None
+        if redis_url:
+            import redis
+
+            client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+            self._script = client.register_script(_WINDOW_SCRIPT)
+
+    def _shared(self, action: str, address: str) -> Optional[float]:
+        """Ask Redis; None when there is no Redis or it cannot answer (then count here)."""
+        if self._script is None:
+            return None
+        import redis
+
+        try:
+            return float(self._script(keys=[f"nnhost:{self.name}:{address}"],
+                                      args=[action, self.limit, self.window, secrets.token_hex(4)]))
+        except (redis.RedisError, ValueError) as error:
+            _log.warning("%s counts fall back to this process: Redis said %s", self.name, error)
+            return None
 
     def _recent(self, address: str, now: float) -> deque:
         # Only the newest `limit` failures decide a block, so a source that keeps
@@ -242,6 +287,9 @@ class FailureCounter:
         """Seconds until ``address`` may try again (0: it may now)."""
         if self.limit <= 0:
             return 0.0
+        shared = self._shared("check", address)
+        if shared is not None:
+            return shared
         now = self._clock()
         with self._lock:
             failures = self._recent(address, now)
@@ -251,6 +299,8 @@ class FailureCounter:
 
     def record(self, address: str) -> None:
         if self.limit <= 0:
+            return
+        if self._shared("record", address) is not None:
             return
         now = self._clock()
         with self._lock:
