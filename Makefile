@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml requirements-dev.txt
 browser:
 	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		echo "Installing chromium for the browser tests ..."; \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+		(bash .ci/apt-install chromium) \
 			|| echo "Could not install chromium: the browser tests will fail." >&2; \
 	fi
 
@@ -32,12 +32,12 @@ browser:
 services:
 	@if ! command -v redis-server >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		echo "Installing redis-server for the tests ..."; \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
+		(bash .ci/apt-install redis-server) \
 			|| echo "Could not install redis-server: the Redis tests will fail." >&2; \
 	fi
 	@if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		echo "Installing nginx for the front-end tests ..."; \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null \
+		(bash .ci/apt-install nginx-light \
 			&& (service nginx stop >/dev/null 2>&1 || true)) \
 			|| echo "Could not install nginx: the front-end tests will fail." >&2; \
 	fi
@@ -47,7 +47,7 @@ services:
 postgres:
 	@if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		echo "Installing postgresql for the database tests ..."; \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null \
+		(bash .ci/apt-install postgresql \
 			&& (service postgresql stop >/dev/null 2>&1 || true)) \
 			|| echo "Could not install postgresql: the PostgreSQL tests will be skipped (fail in CI)." >&2; \
 	fi
