@@ -55,12 +55,10 @@ def _tensor_reduce(tensor: Any) -> Any:
     import torch
     from torch._tensor import _rebuild_from_type_v2
 
-    if type(tensor) is not torch.Tensor:
-        return NotImplemented
     if tensor.requires_grad and not tensor.is_leaf:
         return tensor.detach().requires_grad_(True).__reduce_ex__(_PROTOCOL)
-    if tensor.grad is None:
-        return NotImplemented
+    if type(tensor) is not torch.Tensor or tensor.grad is None:
+        return NotImplemented  # a subclass keeps its own reduction
     rebuild, args = tensor.__reduce_ex__(_PROTOCOL)[:2]
     # torch's own rebuild with state: setattr(tensor, "grad", ...) on the client.
     return (_rebuild_from_type_v2, (rebuild, torch.Tensor, args, {"grad": tensor.grad.detach()}))
