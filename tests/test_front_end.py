@@ -21,11 +21,10 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from compare import assert_identical
 from conftest import API_KEY, TEST_REPO
 from nnhost.testing import ServerProcess
-from parity_programs import lm_head_logits
 from service_nginx import guide_site, nginx_in_front_of
+from test_hostile_traffic import small_trace_works
 
 
 @pytest.fixture(scope="module")
@@ -53,15 +52,7 @@ def guide_value(directive: str) -> str:
 
 
 def test_the_client_works_through_the_guides_site(front, remote_model, local_model):
-    from nnsight import CONFIG
-
-    previous = CONFIG.API.APIKEY
-    CONFIG.API.APIKEY = API_KEY
-    try:
-        remote = lm_head_logits(remote_model, front.url)
-    finally:
-        CONFIG.API.APIKEY = previous
-    assert_identical(remote, lm_head_logits(local_model, False))
+    small_trace_works(front, remote_model, local_model)
 
 
 def test_a_request_head_that_never_ends_is_cut_off(front):

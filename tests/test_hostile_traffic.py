@@ -16,9 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from compare import assert_identical
 from conftest import API_KEY, TEST_REPO
 from nnhost.testing import ServerProcess
-from test_accounts import csrf_of
+from parity_programs import lm_head_logits
+from test_accounts import as_client, csrf_of
 
 FAILURE_LIMIT = 5
 SIGNUPS_PER_ADDRESS = 3
@@ -71,19 +73,10 @@ def log_in(client: httpx.Client, email: str, password: str) -> httpx.Response:
     return client.post("/login", data={"email": email, "password": password, "csrf": token})
 
 
-def small_trace_works(nnhost_server, remote_model, local_model) -> None:
-    """A well-behaved user's small trace, equal to the local run."""
-    from nnsight import CONFIG
-
-    from compare import assert_identical
-    from parity_programs import lm_head_logits
-
-    previous = CONFIG.API.APIKEY
-    CONFIG.API.APIKEY = API_KEY
-    try:
-        remote = lm_head_logits(remote_model, nnhost_server.url)
-    finally:
-        CONFIG.API.APIKEY = previous
+def small_trace_works(server, remote_model, local_model) -> None:
+    """A well-behaved user's small trace through ``server`` (anything with a ``url``), equal to local."""
+    with as_client(server, API_KEY):
+        remote = lm_head_logits(remote_model, True)
     assert_identical(remote, lm_head_logits(local_model, False))
 
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..auth.keys import Principal
 from ..jobs.front import Refused
-from .deps import BodyTooLarge, bounded, require_principal, server_of
+from .deps import BodyTooLarge, bounded, require_principal, server_of, validation_problems
 
 router = APIRouter()
 
@@ -50,10 +50,7 @@ async def read_json(request: Request, model: type[Body]) -> Body:
     try:
         return model.model_validate_json(raw)
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in issue['loc']) or 'body'}: {issue['msg']}" for issue in error.errors()
-        )
-        raise HTTPException(422, f"The JSON body is not valid: {problems}") from None
+        raise HTTPException(422, f"The JSON body is not valid: {validation_problems(error, 'body')}") from None
 
 
 @router.post("/admin/deploy")

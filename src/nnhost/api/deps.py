@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Optional
 
 from fastapi import HTTPException, Request, WebSocket
 from packaging.version import InvalidVersion, Version
+from pydantic import ValidationError
 
 from ..auth.access import Throttled
 from ..auth.keys import KeyProblem, Principal
@@ -70,6 +71,14 @@ def bounded(request: Request, limit: int) -> Request:
         return message
 
     return Request(request.scope, counted_receive)
+
+
+def validation_problems(error: ValidationError, whole: str) -> str:
+    """A pydantic error as ``field: problem; ...`` (``whole`` names a problem with all of it)."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in issue['loc']) or whole}: {issue['msg']}"
+        for issue in error.errors()
+    )
 
 
 def too_many(error: Throttled) -> HTTPException:

@@ -31,6 +31,7 @@ from .deps import (
     require_principal,
     server_of,
     server_of_socket,
+    validation_problems,
 )
 
 router = APIRouter()
@@ -70,10 +71,7 @@ def _parse_envelope(raw) -> Submission:
     try:
         envelope = RequestEnvelope.model_validate_json(raw)
     except ValidationError as error:
-        fields = "; ".join(
-            f"{'.'.join(str(p) for p in issue['loc']) or 'data'}: {issue['msg']}"
-            for issue in error.errors()
-        )
+        fields = validation_problems(error, "data")
         raise HTTPException(422, f"The form field 'data' is not a valid request: {fields}") from None
     return Submission(
         model_key=envelope.model_key,

@@ -93,10 +93,10 @@ class Access:
         self.keys = keys
         self.open = settings.auth == "none"
         self.policy = LimitPolicy(settings.limits, max_request_bytes=settings.max_request_bytes)
-        events = settings.events or ""
         limit, window = settings.auth_failure_limit, settings.auth_failure_window
-        # In Redis when the API processes share one: every process counts the same attempts.
-        shared = events if events.startswith(("redis://", "rediss://")) else None
+        # In the Redis the API processes share (``events`` is always one), if any:
+        # every process then counts the same requests and attempts.
+        shared = settings.events or None
         self.rate = RequestRate(redis_url=shared)
         self.key_failures = FailureCounter(limit, window, redis_url=shared, name="key-failures")
         #: Wrong passwords per address and account, and per address whatever the account

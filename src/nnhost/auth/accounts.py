@@ -60,11 +60,10 @@ class Accounts:
         return self.settings.signup
 
     def _check_address(self, address: str, source: Optional[str] = None) -> None:
-        """Refuse a source over the failure limit, before any password is hashed."""
-        wait = max(
-            self.access.address_password_failures.blocked_for(address),
-            self.access.password_failures.blocked_for(source or address),
-        )
+        """Refuse an address (or its ``source``, address and account) over the failure limit."""
+        wait = self.access.address_password_failures.blocked_for(address)
+        if source is not None:
+            wait = max(wait, self.access.password_failures.blocked_for(source))
         if wait > 0:
             raise Throttled(
                 f"Too many failed attempts from your address. Wait {max(1, round(wait))} "
@@ -74,7 +73,8 @@ class Accounts:
 
     def _record_failure(self, address: str, source: Optional[str] = None) -> None:
         self.access.address_password_failures.record(address)
-        self.access.password_failures.record(source or address)
+        if source is not None:
+            self.access.password_failures.record(source)
 
     def _check_signups(self, address: str) -> None:
         wait = self.access.signups.blocked_for(address)

@@ -27,6 +27,7 @@ several API processes give a user one allowance and a source one count.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -158,6 +159,34 @@ return tostring(wait)
 """
 
 
+@functools.lru_cache(maxsize=None)
+def _redis(url: str) -> Any:
+    """One client (one connection pool) per Redis URL, shared by every counter."""
+    import redis
+
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+
+
+class _SharedScript:
+    """A Lua script run in Redis for one kind of count; None when Redis cannot answer.
+
+    The caller then counts in its own process, which the warning says.
+    """
+
+    def __init__(self, url: str, source: str, what: str) -> None:
+        self._script = _redis(url).register_script(source)
+        self._what = what
+
+    def __call__(self, key: str, *args: Any) -> Optional[float]:
+        import redis
+
+        try:
+            return float(self._script(keys=[key], args=list(args)))
+        except (redis.RedisError, ValueError) as error:
+            _log.warning("%s fall back to this process: Redis said %s", self._what, error)
+            return None
+
+
 class RequestRate:
     """Token buckets, one per user: how long until they may send another request.
 
@@ -171,17 +200,12 @@ class RequestRate:
         self._clock = clock
         self._buckets: dict[Any, tuple[float, float]] = {}
         self._lock = threading.Lock()
-        self._script: Any = None
-        if redis_url:
-            import redis
-
-            client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
-            self._script = client.register_script(_TAKE_SCRIPT)
+        self._shared = _SharedScript(redis_url, _TAKE_SCRIPT, "request rates") if redis_url else None
 
     @property
     def shared(self) -> bool:
         """Whether the buckets are in Redis, shared with the other API processes."""
-        return self._script is not None
+        return self._shared is not None
 
     def take(self, subject: Any, limits: Limits) -> float:
         """Spend one token and return 0, or return the seconds to wait (spending nothing)."""
@@ -189,13 +213,10 @@ class RequestRate:
             return 0.0
         rate = limits.requests_per_minute / 60.0
         capacity = limits.capacity
-        if self._script is not None:
-            import redis
-
-            try:
-                return float(self._script(keys=[f"nnhost:rate:{subject}"], args=[rate, capacity]))
-            except (redis.RedisError, ValueError) as error:
-                _log.warning("request rates fall back to this process: Redis said %s", error)
+        if self._shared is not None:
+            wait = self._shared(f"nnhost:rate:{subject}", rate, capacity)
+            if wait is not None:
+                return wait
         now = self._clock()
         with self._lock:
             tokens, then = self._buckets.get(subject, (capacity, now))
@@ -251,25 +272,14 @@ class FailureCounter:
         self._clock = clock
         self._failures: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
-        self._script: Any = None
-        if redis_url:
-            import redis
-
-            client = redis.Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
-            self._script = client.register_script(_WINDOW_SCRIPT)
+        self._script = _SharedScript(redis_url, _WINDOW_SCRIPT, f"{name} counts") if redis_url else None
 
     def _shared(self, action: str, address: str) -> Optional[float]:
         """Ask Redis; None when there is no Redis or it cannot answer (then count here)."""
         if self._script is None:
             return None
-        import redis
-
-        try:
-            return float(self._script(keys=[f"nnhost:{self.name}:{address}"],
-                                      args=[action, self.limit, self.window, secrets.token_hex(4)]))
-        except (redis.RedisError, ValueError) as error:
-            _log.warning("%s counts fall back to this process: Redis said %s", self.name, error)
-            return None
+        return self._script(f"nnhost:{self.name}:{address}", action, self.limit, self.window,
+                            secrets.token_hex(4))
 
     def _recent(self, address: str, now: float) -> deque:
         # Only the newest `limit` failures decide a block, so a source that keeps

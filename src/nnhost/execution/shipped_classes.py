@@ -99,10 +99,6 @@ def _method_code(source: str, name: str, class_name: str, filename: str, line: i
     return None
 
 
-def _class_cell(cls: type) -> Any:
-    return types.CellType(cls)
-
-
 def rebind_methods(cls: type, state: dict, sources: dict[int, tuple]) -> None:
     """Replace each shipped method in ``state`` by one compiled inside ``cls``.
 
@@ -120,11 +116,9 @@ def rebind_methods(cls: type, state: dict, sources: dict[int, tuple]) -> None:
             code = _method_code(source, name, class_name, filename, line)
         except SyntaxError:
             return function
-        if code is None:
+        if code is None or code.co_freevars not in ((), ("__class__",)):
             return function
-        closure = tuple(_class_cell(cls) for _ in code.co_freevars) if code.co_freevars == ("__class__",) else None
-        if code.co_freevars and closure is None:
-            return function
+        closure = (types.CellType(cls),) if code.co_freevars else None
         method = types.FunctionType(code, function.__globals__, function.__name__, function.__defaults__, closure)
         method.__kwdefaults__ = function.__kwdefaults__
         method.__annotations__ = function.__annotations__

@@ -88,6 +88,8 @@ class RestrictedUnpickler(pickle._Unpickler):
         self._functions: dict[int, Any] = {}
         self._classes: dict[int, Any] = {}
         self._callables: dict[int, Any] = {}
+        #: Classes of `DEFINITION_GLOBALS` this payload named (dataclass fields and the like).
+        self._definition_types: dict[int, type] = {}
         #: Source of each function this load compiled, to compile a method again in its class.
         self._sources: dict[int, tuple] = {}
         #: Parts of the payload not built (`Unavailable`): refused if still needed at the end.
@@ -125,6 +127,8 @@ class RestrictedUnpickler(pickle._Unpickler):
             value = DEFINITION_GLOBALS[key]()
             if key in DEFINITION_CALLABLES:
                 self._allow_call(value)
+            if isinstance(value, type):
+                self._definition_types[id(value)] = value  # its instances are data: NEWOBJ may make them
             return self._protect(value)
         if name.endswith(".__new__") and "." in name and module in ("enum", "builtins"):
             owner = self.find_class(module, name.rsplit(".", 1)[0])
@@ -240,7 +244,7 @@ class RestrictedUnpickler(pickle._Unpickler):
             raise _refuse(f"an instance of {_describe(cls)}", "only plain classes may be made")
         if id(cls) in self._classes or cls is _Inert or cls in _BUILTIN_CONSTRUCTORS:
             return
-        if id(cls) in self._protected and any(cls is make() for make in DEFINITION_GLOBALS.values()):
+        if id(cls) in self._definition_types:
             return
         if (cls.__module__ or "").split(".")[0] == "nnsight" or cls is typing.ForwardRef:
             return
@@ -391,7 +395,8 @@ class RestrictedUnpickler(pickle._Unpickler):
             return
         # Drop the load's own references (memo, registries), then see what lives.
         self.memo.clear()
-        for registry in (self._protected, self._functions, self._classes, self._callables, self._sources):
+        for registry in (self._protected, self._functions, self._classes, self._callables, self._sources,
+                         self._definition_types):
             registry.clear()
         gc.collect()
         alive = [ref() for ref in self._deferred]
