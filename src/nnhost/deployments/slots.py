@@ -14,7 +14,7 @@ import os
 import selectors
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..execution.channel import BadMessage, Channel, close_all
@@ -28,6 +28,7 @@ from .job_watch import JobWatch, LogLines, Violation
 if TYPE_CHECKING:
     import subprocess
 
+    from ..execution.cgroups import JobGroups
     from ..execution.policy import WorkerPolicy
     from .contract import OnIdle, OnIncident, OnJobEvent
 
@@ -77,6 +78,7 @@ class JobProcesses:
     _send_control: Callable[[dict[str, Any]], None]
     _request_fork: Callable[[], None]
     _unhealthy: Callable[[str], None]
+    _groups: Optional[JobGroups]
 
     def _read_slot(self, slot: Slot) -> None:
         selector = selectors.DefaultSelector()
@@ -156,6 +158,7 @@ class JobProcesses:
             self._drain_log(slot, pending)
             if checked.status == "ERROR":
                 discard_result(slot.job)
+                checked = self._with_memory_note(slot, checked)
             # Free before telling anyone: a client that has its result may at once ask
             # to evict the model, and must not find the replica still "busy".
             with self._lock:
@@ -252,12 +255,7 @@ class JobProcesses:
                 code = slot.exit_code
                 reason = f"Your request's process stopped ({describe_exit(code)})." + crash_hint(code)
                 if slot.out_of_memory:
-                    limit = self.policy.limits.memory_bytes or 8 << 30
-                    reason = (
-                        "Your request ran out of the memory this server allows one request "
-                        f"({limit / (1 << 20):.0f} MiB, every kind of mapping counted) and was "
-                        "stopped. Use fewer or shorter inputs, or save less."
-                    )
+                    reason = f"{self._out_of_memory()} and was stopped. Use fewer or shorter inputs, or save less."
             self._fail(slot, f"{reason} You can resubmit your request.")
             with self._lock:
                 if self._current is slot:
@@ -271,6 +269,29 @@ class JobProcesses:
                         self._request_fork()
                     else:
                         self._unhealthy("Job processes keep dying before their first job; see the server log.")
+
+    def _out_of_memory(self) -> str:
+        limit = self.policy.limits.memory_bytes or 8 << 30
+        return (
+            "Your request ran out of the memory this server allows one request "
+            f"({limit / (1 << 20):.0f} MiB, every kind of mapping counted)"
+        )
+
+    def _with_memory_note(self, slot: Slot, event: JobEvent) -> JobEvent:
+        """An ERROR from a job that reached its memory limit says so.
+
+        At the limit the kernel reclaims what it can before it kills, which can
+        slow a job to its time limit: the error the job itself reports (a time
+        limit, say) then hides the real cause.
+        """
+        groups = self._groups
+        if (
+            groups is None or slot.reusable or "ran out of the memory" in event.description
+            or not groups.reached_limit(slot.pid)
+        ):
+            return event
+        note = f"\n{self._out_of_memory()} while it ran. Use fewer or shorter inputs, or save less."
+        return replace(event, description=event.description + note)
 
     def _fail(self, slot: Slot, description: str) -> None:
         assert slot.job is not None  # only a slot that was given a job fails one

@@ -76,10 +76,15 @@ class JobGroups:
         memory, *rest = self._paths(pid)
         os.makedirs(memory, exist_ok=True)
         _write(memory, "memory.limit_in_bytes", memory_bytes)
-        try:  # no swap for a job: what it takes, it holds in memory
-            _write(memory, "memory.memsw.limit_in_bytes", memory_bytes)
-        except OSError:
-            pass
+        # No swap for a job: what it takes, it holds in memory. Where swap is not
+        # accounted (no memsw files), swappiness 0 still keeps the kernel from
+        # paging the job out at its limit, which would slow it to its time limit
+        # instead of ending it at once as out of memory.
+        for key, value in (("memory.memsw.limit_in_bytes", memory_bytes), ("memory.swappiness", 0)):
+            try:
+                _write(memory, key, value)
+            except OSError:
+                pass
         _write(memory, "cgroup.procs", pid)
         for pids in rest:
             os.makedirs(pids, exist_ok=True)
@@ -97,8 +102,13 @@ class JobGroups:
                         return True
         except (OSError, ValueError):
             pass
+        return self.reached_limit(pid)
+
+    def reached_limit(self, pid: int) -> bool:
+        """Whether that job's memory ever reached its limit (the kernel then reclaims or kills)."""
+        path = os.path.join(self.memory_base or "", f"job-{pid}", "memory.failcnt")
         try:
-            with open(os.path.join(os.path.dirname(path), "memory.failcnt")) as file:
+            with open(path) as file:
                 return int(file.read()) > 0
         except (OSError, ValueError):
             return False
