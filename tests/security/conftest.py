@@ -9,7 +9,10 @@ values as the same code run locally.
 
 from __future__ import annotations
 
+import os
 import secrets
+import subprocess
+import sys
 
 import pytest
 
@@ -23,6 +26,7 @@ MAX_RESULT_BYTES = 2 * MiB
 MAX_REQUEST_BYTES = 4 * MiB
 JOB_MEMORY_BYTES = 1536 * MiB
 SECRET = "nnhost-secret-" + secrets.token_hex(8)
+ISO_SECRET = "nnhost-iso-secret-" + secrets.token_hex(8)
 
 
 @pytest.fixture(scope="session")
@@ -61,3 +65,43 @@ def serving(secure_server, remote_model, local_reference):
     from .helpers import assert_serving
 
     assert_serving(secure_server, remote_model, local_reference)
+
+
+@pytest.fixture(scope="session")
+def iso_server(root, server_hf_home, test_snapshot):
+    process = ServerProcess(
+        [TEST_REPO],
+        data_dir=root / "isolation-data",
+        hf_home=server_hf_home,
+        api_key=API_KEY,
+        extra_args=["--time-limit", "6", "--kill-grace", "2"],
+        env={
+            "NNHOST_UNSAFE_TEST_HOOKS": "true",
+            "NNHOST_JOB_MEMORY_BYTES": str(512 * MiB),
+            "NNHOST_SCRATCH_BYTES": str(64 * MiB),
+            "NNHOST_TEST_SECRET": ISO_SECRET,
+        },
+    )
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def mallory(iso_server) -> str:
+    """A second user: the hostile one. The admin is the next user, through the client."""
+    made = subprocess.run(
+        [sys.executable, "-m", "nnhost.cli", "keys", "create", "--email", "mallory@example.org",
+         "--data-dir", str(iso_server.data_dir)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "HF_HOME": str(iso_server.hf_home)},
+    )
+    assert made.returncode == 0, made.stderr
+    return made.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def next_user_is_served(iso_server, remote_model, local_reference):
+    yield iso_server
+    from .helpers import assert_serving
+
+    assert_serving(iso_server, remote_model, local_reference)

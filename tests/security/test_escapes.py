@@ -335,6 +335,15 @@ def case_compile(model, url):
         code = compile("import os", "<x>", "exec")
 
 
+@case(r"Operation not permitted|is not available on this server|is not allowed on this server")
+def case_sympy_starts_python_with_code_from_the_request(model, url):
+    with model.trace(PROMPT, remote=url):
+        from sympy.testing import runtests
+
+        code = nnsight.save(runtests.run_in_subprocess_with_hash_randomization(
+            "getcwd", module="os", force=True))
+
+
 @case(r"sympy expression>.*'__import__' is not available")
 def case_sympy_string_evaluation(model, url):
     with model.trace(PROMPT, remote=url):

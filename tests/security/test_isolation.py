@@ -17,11 +17,9 @@ whose description is ``REPORT`` and a JSON value, after which its process ends.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import sqlite3
-import subprocess
 import sys
 import textwrap
 import threading
@@ -32,122 +30,18 @@ import httpx
 import pytest
 
 import nnhost
-from conftest import API_KEY, TEST_REPO
-from nnhost.execution.job_process import TEST_MAGIC, TEST_SEPARATOR
-from nnhost.testing import ServerProcess
+from conftest import API_KEY
 
-from .helpers import MODEL_KEY, assert_serving, serialized_request
+from .beaten_python import hostile, job_logs, reported, submit_hostile, wait_for
+from .helpers import serialized_request
+from .conftest import ISO_SECRET as SECRET
 
 MiB = 1024 * 1024
-SECRET = "nnhost-iso-secret-" + secrets.token_hex(8)
 
 pytestmark = pytest.mark.skipif(
     not (sys.platform.startswith("linux") and os.geteuid() == 0),
     reason="fork-per-job containment needs Linux and root",
 )
-
-PRELUDE = textwrap.dedent(
-    """
-    import json as _json, os as _os
-
-    def report(value):
-        channel.send({"type": "event", "job_id": spec.job_id, "status": "ERROR",
-                      "description": "REPORT" + _json.dumps(value, default=repr)})
-        _os._exit(0)
-    """
-)
-
-
-@pytest.fixture(scope="module")
-def iso_server(root, server_hf_home, test_snapshot):
-    process = ServerProcess(
-        [TEST_REPO],
-        data_dir=root / "isolation-data",
-        hf_home=server_hf_home,
-        api_key=API_KEY,
-        extra_args=["--time-limit", "6", "--kill-grace", "2"],
-        env={
-            "NNHOST_UNSAFE_TEST_HOOKS": "true",
-            "NNHOST_JOB_MEMORY_BYTES": str(512 * MiB),
-            "NNHOST_SCRATCH_BYTES": str(64 * MiB),
-            "NNHOST_TEST_SECRET": SECRET,
-        },
-    )
-    process.start()
-    yield process
-    process.stop()
-
-
-@pytest.fixture(scope="module")
-def mallory(iso_server) -> str:
-    """A second user: the hostile one. The admin is the next user, through the client."""
-    made = subprocess.run(
-        [sys.executable, "-m", "nnhost.cli", "keys", "create", "--email", "mallory@example.org",
-         "--data-dir", str(iso_server.data_dir)],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "HF_HOME": str(iso_server.hf_home)},
-    )
-    assert made.returncode == 0, made.stderr
-    return made.stdout.strip().splitlines()[-1]
-
-
-@pytest.fixture(scope="module")
-def local_reference(local_model):
-    from .helpers import normal_program
-
-    return normal_program(local_model, False)
-
-
-@pytest.fixture
-def next_user_is_served(iso_server, remote_model, local_reference):
-    yield iso_server
-    assert_serving(iso_server, remote_model, local_reference)
-
-
-def submit_hostile(server, key: str, source: str, remote_model) -> str:
-    blob = TEST_MAGIC + (PRELUDE + textwrap.dedent(source)).encode() + TEST_SEPARATOR
-    blob += serialized_request(remote_model)
-    response = httpx.post(
-        f"{server.url}/request",
-        data={"data": json.dumps({"model_key": MODEL_KEY, "compress": False})},
-        files={"blob": ("request", blob, "application/octet-stream")},
-        headers={"ndif-api-key": key, "nnsight-version": "0.8.1"},
-        timeout=30,
-    )
-    assert response.status_code == 200, response.text
-    return response.json()["id"]
-
-
-def hostile(server, key: str, source: str, remote_model) -> dict:
-    job_id = submit_hostile(server, key, source, remote_model)
-    final = _wait(server, key, job_id)
-    final["id"] = job_id
-    return final
-
-
-def _wait(server, key, job_id, timeout=60) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        latest = httpx.get(f"{server.url}/response/{job_id}", headers={"ndif-api-key": key}, timeout=10).json()
-        if latest.get("status") in ("COMPLETED", "ERROR"):
-            return latest
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} did not finish")
-
-
-def reported(final: dict):
-    description = final.get("description", "")
-    assert description.startswith("REPORT"), final
-    return json.loads(description[len("REPORT"):])
-
-
-def job_logs(server, job_id: str) -> list[str]:
-    connection = sqlite3.connect(f"file:{server.data_dir / 'nnhost.sqlite3'}?mode=ro", uri=True)
-    try:
-        return [row[0] for row in connection.execute(
-            "SELECT line FROM job_logs WHERE job_id = ? ORDER BY rowid", (job_id,))]
-    finally:
-        connection.close()
-
 
 class TestStateLeftForTheNextUser:
     LEAVE = """
@@ -327,7 +221,7 @@ class TestAnotherJobsPayloadAndResult:
         thread.start()
         thread.join(timeout=60)
         assert_same(victim["values"], local_reference)
-        final = _wait(next_user_is_served, mallory, job_id)
+        final = wait_for(next_user_is_served, mallory, job_id)
         assert final["status"] == "ERROR", final
         # The forged "ready" broke the protocol: the process was stopped, and had received nothing.
         assert "broke the server's protocol" in final["description"] or reported(final)["got"] == [], final

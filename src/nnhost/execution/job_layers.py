@@ -10,7 +10,9 @@ still root and before it has seen any job, adds what must be new for each job:
 pid namespace    it is PID 1 of a namespace of its own: every process it
                  starts dies with it, and it sees no other process
 filesystem       a mount namespace of its own, with a fresh ``/tmp``,
-                 ``/dev/shm``, ``/var/tmp`` and ``/proc`` (of its namespace)
+                 ``/dev/shm``, ``/var/tmp`` and ``/proc`` (of its namespace),
+                 and an empty ``/sys/fs/cgroup`` (no figures of the server's
+                 group, such as an earlier job's peak memory)
 network          a network namespace of its own (loopback only, down)
 ipc              its own System V IPC and POSIX message queue namespace
 limits           ``RLIMIT_DATA``, ``NPROC``, ``NOFILE``, ``FSIZE``, ``CORE``,
@@ -18,6 +20,10 @@ limits           ``RLIMIT_DATA``, ``NPROC``, ``NOFILE``, ``FSIZE``, ``CORE``,
                  `cgroups`, applied from the replica's side)
 identity         uid/gid ``uid_base + its pid``, no capabilities,
                  ``no_new_privs``, not dumpable
+shared pages     every shared, writable mapping inherited from the host (a
+                 library's lock in ``/dev/shm``) made a private copy
+system calls     a seccomp filter (`syscall_filter`): no program started, no
+                 namespace or keyring, no mount, ptrace, bpf, io_uring
 ===============  ============================================================
 
 Nothing here runs user code or reads anything a job wrote.
@@ -25,16 +31,20 @@ Nothing here runs user code or reads anything a job wrote.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
 from typing import Optional
 
-from . import containment
+from . import containment, syscall_filter
 from .containment import ContainmentPolicy, ContainmentReport
 from .filesystem_layer import mount_scratch
-from .libc import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, MS_NODEV, MS_NOEXEC, MS_NOSUID, _c, _mount, _unshare
+from .libc import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, _c, _mount, _unshare
 
 CLONE_NEWPID = 0x20000000
+CGROUPS = "/sys/fs/cgroup"
+PROT_READ, PROT_WRITE = 1, 2
+MAP_PRIVATE, MAP_FIXED, MAP_ANONYMOUS = 0x02, 0x10, 0x20
 MiB = 1024 * 1024
 
 
@@ -111,7 +121,10 @@ def contain_job(policy: ContainmentPolicy, uid: int, memory_cgroup: bool) -> Con
     layer("network", lambda: _unshare(CLONE_NEWNET, "network namespace"), needs_root=True)
     layer("filesystem", lambda: _fresh_filesystem(policy, uid), needs_root=True)
     layer("limits", lambda: _limits(policy, memory_cgroup))
+    layer("shared pages", _private_shared_pages)
     layer("identity", lambda: containment._drop_identity(uid, uid), needs_root=True)
+    # Last: it refuses the calls the layers above made (unshare, mount).
+    layer("system calls", syscall_filter.apply)
     return report
 
 
@@ -121,6 +134,37 @@ def _fresh_filesystem(policy: ContainmentPolicy, uid: int) -> None:
     if os.getpid() == 1:
         # /proc of this job's own pid namespace: no other process is in it.
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+    if os.path.isdir(CGROUPS):
+        # The control groups' figures (the peak memory of the server's group,
+        # hence of earlier jobs) are nobody's business: an empty folder instead.
+        _mount("tmpfs", CGROUPS, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555")
+
+
+def _private_shared_pages() -> None:
+    """Make every shared, writable mapping inherited from the host this process's own copy.
+
+    A lock a library made in the host before the fork (tqdm's, in
+    ``/dev/shm``) is one page shared by every job's process: one job could
+    hold it for the next, or read what the last one wrote. The page keeps its
+    address and contents, as private memory, so code that uses it still works.
+    """
+    libc = _c()
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    with open("/proc/self/maps") as file:
+        shared = []
+        for line in file:
+            fields = line.split()
+            perms = fields[1]
+            if perms[1] == "w" and perms[3] == "s":
+                start, end = (int(value, 16) for value in fields[0].split("-"))
+                shared.append((start, end - start))
+    for start, length in shared:
+        contents = ctypes.string_at(start, length)
+        address = libc.mmap(start, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0)
+        if address != start:
+            raise OSError(ctypes.get_errno(), f"cannot replace a shared mapping at {start:#x}")
+        ctypes.memmove(start, contents, length)
 
 
 def _vm_size() -> int:

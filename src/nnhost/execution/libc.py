@@ -52,3 +52,7 @@ def _mount(source: Optional[str], target: str, fstype: Optional[str], flags: int
 
 def _unshare(flags: int, what: str) -> None:
     _check(_c().unshare(flags), f"unshare {what}")
+
+
+def prctl(what: str, option: int, arg2: int = 0, arg3: int = 0) -> None:
+    _check(_c().prctl(option, arg2, arg3, 0, 0), what)

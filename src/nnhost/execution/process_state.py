@@ -7,7 +7,8 @@ state with the model and puts it back after each job (`_process_state`,
 `shared_state` only lets the final message say what the job changed.
 
 It must never touch the model or a job's results, and never let one job's
-random state show through to the next: random states are put back silently.
+random state show through to the next: each job starts from fresh seeds
+(`fresh_random_state`), so no user can replay or steer another's sampling.
 """
 
 from __future__ import annotations
@@ -56,13 +57,34 @@ def _restore_process_state(state: dict, report: GuardReport) -> None:
         if now[name] != state[name]:
             setter(state[name])
             report.restored.append(f"torch {name}")
-    # Random states are put back silently: every job starts from the same seed
-    # state, so one user cannot predict or steer another's sampling.
+    # Random states are put back silently; the next job reseeds anyway.
     torch.set_rng_state(state["torch random state"])
     if "numpy random state" in state:
         import numpy
 
         numpy.random.set_state(state["numpy random state"])
+
+
+def fresh_random_state() -> None:
+    """Seed torch (every device), numpy and ``random`` from the OS's entropy.
+
+    Every job's process starts from its parent's random state; without this,
+    two users' sampled generations would be the same, and one could replay
+    the other's. A user who wants a reproducible run seeds it in the request,
+    after this.
+    """
+    import random
+
+    import torch
+
+    torch.seed()
+    random.seed()
+    try:
+        import numpy
+
+        numpy.random.seed()
+    except ImportError:
+        pass
 
 
 def _children() -> set:

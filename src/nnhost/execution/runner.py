@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator, Optional
 from .capture import capture_stdout
 from .events import JobEvent, JobSpec
 from .memory_meter import MemoryMeter
+from .process_state import fresh_random_state
 from .result_writing import serialize_result, write_all, write_atomically
 from .sandbox import SandboxViolation
 from .tracebacks import user_traceback
@@ -141,6 +142,7 @@ class Runner:
             # it can say what the job changed and what was undone.
             (final.append if event.status in ("COMPLETED", "ERROR") else emit)(event)
 
+        fresh_random_state()
         try:
             with forget_sources():
                 self._run(spec, hold_final)

@@ -70,7 +70,9 @@ DENIED_ATTRIBUTES = frozenset(
         "deserialize lambdify parse_expr eval exec system popen spawnv execv fork "
         "as_strided save_pretrained push_to_hub open loadtxt genfromtxt savetxt savez "
         "savez_compressed fromregex DataSource read_text read_bytes write_text write_bytes "
-        "collect_env f2py distutils hipify _internal"
+        "collect_env f2py distutils hipify _internal "
+        # a library's own ways to start a program (sympy's test runner runs `python -c`)
+        "runtests run_in_subprocess_with_hash_randomization"
     ).split()
 )
 
