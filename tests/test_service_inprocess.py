@@ -44,14 +44,15 @@ ADA, BOB = Principal(1, "ada@example.org"), Principal(2, "bob@example.org")
 class World:
     """Every part the composition root builds, with fakes where the processes would be."""
 
-    def __init__(self, tmp_path, specs, budgets=None, results=None, fleet=None, **settings) -> None:
+    def __init__(self, tmp_path, specs, budgets=None, results=None, fleet=None, clock=time.monotonic,
+                 **settings) -> None:
         self.loop = asyncio.get_running_loop()
         self.settings = Settings(data_dir=tmp_path, **settings)
         self.fleet = fleet or FakeFleet()
         self.connection = connect(tmp_path / "jobs.sqlite3")
         self.store = JobStore(self.connection)
         self.bus = LocalEventBus()
-        self.scheduler = Scheduler()
+        self.scheduler = Scheduler(clock)
         self.payloads = BlobDir(tmp_path / "payloads", ".payload")
         self.results = results or DirectoryStore(tmp_path / "results", LinkSigner(b"test"))
         self.catalog = Catalog(specs)
@@ -153,6 +154,28 @@ def test_the_fair_queue_serves_the_user_who_waited_less(tmp_path):
         # Ada's first was running when Bob came; Bob's one job goes before her other two.
         assert order == [ada[0], bob, ada[1], ada[2]]
         assert all(world.status(job_id) is Status.COMPLETED for job_id in order)
+
+    run(body())
+
+
+def test_the_fair_queue_charges_the_time_the_server_measured_not_the_reported_one(tmp_path):
+    """A job that says it took 10 ms while holding the replica 10 s is charged 10 s."""
+    async def body():
+        now = [0.0]
+        world = await World(tmp_path, [spec("org/a")], clock=lambda: now[0]).start()
+        replica = world.replica("org/a")
+        ada = [await world.submit(ADA, "org/a") for _ in range(3)]
+        bob = [await world.submit(BOB, "org/a") for _ in range(2)]
+        order = []
+        for _ in range(5):
+            order.append(replica.current.job_id)
+            replica.run()
+            now[0] += 10.0  # every job holds the replica 10 s; each reports 0.01 s
+            replica.complete()
+            await world.settle()
+        # Believing the reports, Ada's jobs (charged 0.01 s each) would all run
+        # before Bob's second one.
+        assert order == [ada[0], bob[0], ada[1], bob[1], ada[2]]
 
     run(body())
 

@@ -90,11 +90,13 @@ def test_print_capture_sends_each_line_and_caps_a_flood():
 
 
 def test_fair_queue_charges_by_runtime_and_serves_priority_first():
-    queue = FairQueue()
+    now = [0.0]
+    queue = FairQueue(clock=lambda: now[0])
     queue.push("heavy", "h0")
     queue.push("light", "l0")
     assert queue.pop() == "h0"
-    queue.finished("h0", 30.0)  # heavy used 30 s: light goes next, twice
+    now[0] += 30.0
+    queue.finished("h0")  # heavy held the replica 30 s: light goes next, twice
     queue.push("heavy", "h1")
     queue.push("light", "l1")
     assert [queue.pop(), queue.pop()] == ["l0", "l1"]

@@ -15,9 +15,16 @@ Only the worker processes, which run user code, import nnsight.
 from __future__ import annotations
 
 import io
+import json
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+#: The most a request's ``env`` may hold, as JSON. It travels with the job's
+#: hand-off message to the job's process (`execution.channel.MAX_MESSAGE`,
+#: 256 KiB, holds it and the rest of the job); what nnsight puts there (a
+#: PEFT adapter's name, say) is a few hundred bytes.
+MAX_ENV_BYTES = 64 * 1024
 
 
 class RequestEnvelope(BaseModel):
@@ -29,6 +36,18 @@ class RequestEnvelope(BaseModel):
     session_id: str = ""
     compress: bool = False
     env: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _small_env(cls, env: dict[str, Any]) -> dict[str, Any]:
+        size = len(json.dumps(env, separators=(",", ":"), default=str))
+        if size > MAX_ENV_BYTES:
+            raise ValueError(
+                f"the request's env is {size:,} bytes of JSON, over this server's limit of "
+                f"{MAX_ENV_BYTES:,}: it holds the model's settings for the request (a PEFT "
+                "adapter's name), not data; send data in the trace itself"
+            )
+        return env
 
 
 class Response(BaseModel):

@@ -155,3 +155,14 @@ def test_bad_requests_do_not_affect_another_users_job(serving, remote_model, loc
     assert_same(outcome["result"], local_reference)
     for job in jobs:
         assert wait_final(serving, job)["status"] == "ERROR"
+
+
+def test_an_env_too_large_to_hand_off_is_refused_at_intake(serving, remote_model):
+    """It once reached the replica, failed the hand-off and left the model stuck for everyone."""
+    from nnhost.wire import MAX_ENV_BYTES
+
+    envelope = json.dumps({"model_key": MODEL_KEY, "env": {"adapter": "x" * (MAX_ENV_BYTES + 1)}})
+    response = post(serving, serialized_request(remote_model), data=envelope)
+    assert response.status_code == 422, response.text
+    assert "the request's env is" in response.json()["detail"]
+    assert "over this server's limit of 65,536" in response.json()["detail"]

@@ -95,6 +95,17 @@ def test_no_control_group_figures(next_user_is_served, mallory, remote_model):
     assert found == []
 
 
+def test_a_failed_jobs_result_file_does_not_stay(next_user_is_served, mallory, remote_model):
+    """What a job wrote into its result before failing is removed, not left for the daily sweep."""
+    final = hostile(next_user_is_served, mallory, """
+        _os.write(spec.result_fd, b"r" * (8 << 20))
+        report("written")
+    """, remote_model)
+    assert reported(final) == "written"
+    results = next_user_is_served.data_dir / "results"
+    assert not [path for path in results.iterdir() if final["id"] in path.name]
+
+
 def sample(model, remote, seed=None):
     with model.trace(PROMPT, remote=remote):
         if seed is not None:

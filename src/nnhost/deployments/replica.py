@@ -153,9 +153,10 @@ class LocalReplica(JobProcesses):
                 # The job's files travel as open descriptors: a contained
                 # process cannot see the data directory (execution.handoff).
                 send_job(slot.channel, spec)
-            except OSError as error:
-                # The slot died just now, or the job's files are not there:
-                # either way its reader fails the job, with this reason.
+            except Exception as error:
+                # The slot died just now, the job's files are not there, or the
+                # job does not fit the channel: whatever it is, it fails this job
+                # (its reader reports the reason), never the replica.
                 self._kill_slot(slot, f"The server could not hand your request to its process ({error}).")
             if not slot.reusable:
                 self._request_fork()

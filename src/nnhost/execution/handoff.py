@@ -47,15 +47,15 @@ def receive_job(message: dict, fds: list) -> JobSpec:
 
 
 def discard_result(spec: Optional[JobSpec]) -> None:
-    """Remove the empty result file `send_job` created for a job that did not complete.
+    """Remove the result file `send_job` created for a job that failed.
 
-    Only an empty file goes: a job that completed just before its worker was
-    replaced keeps its result.
+    Called only for a job that ended with ERROR or never reported its end:
+    whatever its process wrote there (up to the largest result, however
+    large) is nobody's result, and must not sit on disk uncounted.
     """
     if spec is None or not spec.result_path:
         return
     try:
-        if os.path.getsize(spec.result_path) == 0:
-            os.unlink(spec.result_path)
+        os.unlink(spec.result_path)
     except OSError:
         pass

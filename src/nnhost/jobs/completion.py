@@ -17,7 +17,6 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Unpack
 
 from ..units import format_size
-from .intake import runtime_of
 from .job import Job, Status
 
 if TYPE_CHECKING:
@@ -44,7 +43,7 @@ class Completion:
             inline: Optional[bytes] = None, **fields: Unpack[Changes],
         ) -> Job: ...
 
-        def _finished(self, name: str, job_id: str, runtime: Optional[float]) -> None: ...
+        def _finished(self, name: str, job_id: str, ran: bool = True) -> None: ...
 
     def _complete(
         self, name: str, job: Job, description: str, meta: Optional[dict[str, Any]]
@@ -101,7 +100,7 @@ class Completion:
         if job is None or job.status.final:
             # Cancelled or failed as stuck while its result was being stored: drop it.
             self._blocking_soon(self.results.delete, job_id)
-            self._finished(name, job_id, runtime_of(meta))
+            self._finished(name, job_id)
             return
         limit = self.settings.max_result_bytes
         # The size the store holds, not the one reported: the report is the worker's word.
@@ -125,7 +124,7 @@ class Completion:
                 job_id, Status.COMPLETED, description, meta=meta, result_size=size,
                 result_expires_at=time.time() + self.settings.result_retention, inline=data,
             )
-        self._finished(name, job_id, runtime_of(meta))
+        self._finished(name, job_id)
 
     async def _blocking(self, call: Callable[..., T], *args: Any) -> T:
         """Run a result-store call: in a thread for a remote store, here for a local one."""

@@ -3,7 +3,8 @@
 Each deployment has one queue; inside it each user has a FIFO lane. The next
 job comes from the user who has used the least execution time (a virtual
 clock per user, charged an estimate when a job is dispatched and corrected by
-its real runtime when it ends), so a user with two hundred queued jobs and a
+its real runtime when it ends, as the server measured it: from dispatch to the
+final event, never a figure the job reported about itself), so a user with two hundred queued jobs and a
 user with five take turns, and a user whose jobs are long gets fewer turns than
 one whose jobs are short. A user who was idle re-enters at the current clock,
 never behind it, so idleness cannot be banked into a burst later. Users tagged
@@ -21,7 +22,7 @@ import heapq
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Hashable, Optional
+from typing import Callable, Hashable, Optional
 
 #: Seconds charged for a job before anything has been measured.
 DEFAULT_COST = 1.0
@@ -36,7 +37,8 @@ class _Lane:
 
 
 class FairQueue:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._now = clock
         self._lanes: dict[Hashable, _Lane] = {}
         self._vtime: dict[Hashable, float] = {}
         self._clock = 0.0
@@ -44,7 +46,8 @@ class FairQueue:
         #: When each waiting job joined the queue (monotonic seconds), for `oldest_wait`.
         self._since: dict[str, float] = {}
         self._counter = 0
-        self._charged: dict[str, tuple[Hashable, float]] = {}
+        #: Each running job: its user, what it was charged, when it was dispatched.
+        self._charged: dict[str, tuple[Hashable, float, float]] = {}
         #: Moving average of job runtimes here, used as the charge at dispatch.
         self.mean_runtime = DEFAULT_COST
 
@@ -60,13 +63,13 @@ class FairQueue:
         lane.jobs.append(job_id)
         self._counter += 1
         self._arrival[job_id] = self._counter
-        self._since[job_id] = time.monotonic()
+        self._since[job_id] = self._now()
 
     def oldest_wait(self, now: Optional[float] = None) -> float:
         """Seconds the longest-waiting job has been in this queue (0 when it is empty)."""
         if not self._since:
             return 0.0
-        now = time.monotonic() if now is None else now
+        now = self._now() if now is None else now
         return max(0.0, now - min(self._since.values()))
 
     def _rank(self, user: Hashable, vtime: float, head: str) -> _Rank:
@@ -91,16 +94,21 @@ class FairQueue:
         self._clock = max(self._clock, self._vtime[user])
         cost = self.mean_runtime
         self._vtime[user] += cost
-        self._charged[job_id] = (user, cost)
+        self._charged[job_id] = (user, cost, self._now())
         if not lane.jobs:
             del self._lanes[user]
         return job_id
 
-    def finished(self, job_id: str, runtime: Optional[float]) -> None:
-        """Correct the user's charge for ``job_id`` by what it really used."""
-        user, charged = self._charged.pop(job_id, (None, 0.0))
-        if user is None or runtime is None:
+    def finished(self, job_id: str, ran: bool = True) -> None:
+        """Correct the user's charge for ``job_id`` by the time it held its replica.
+
+        ``ran`` is False for a job that ended without running (cancelled, lost
+        with its replica): its estimate stands.
+        """
+        user, charged, dispatched = self._charged.pop(job_id, (None, 0.0, 0.0))
+        if user is None or not ran:
             return
+        runtime = max(0.0, self._now() - dispatched)
         self._vtime[user] = self._vtime.get(user, 0.0) + runtime - charged
         self.mean_runtime = 0.8 * self.mean_runtime + 0.2 * max(runtime, 1e-3)
 
@@ -136,11 +144,15 @@ class FairQueue:
 class Scheduler:
     """The queues of all deployments."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._queues: dict[str, FairQueue] = {}
+        self._clock = clock
 
     def queue(self, deployment: str) -> FairQueue:
-        return self._queues.setdefault(deployment, FairQueue())
+        queue = self._queues.get(deployment)
+        if queue is None:
+            queue = self._queues[deployment] = FairQueue(self._clock)
+        return queue
 
     def enqueue(self, deployment: str, user: Hashable, job_id: str, priority: bool = False) -> None:
         self.queue(deployment).push(user, job_id, priority)
@@ -148,8 +160,8 @@ class Scheduler:
     def next(self, deployment: str) -> Optional[str]:
         return self.queue(deployment).pop()
 
-    def finished(self, deployment: str, job_id: str, runtime: Optional[float]) -> None:
-        self.queue(deployment).finished(job_id, runtime)
+    def finished(self, deployment: str, job_id: str, ran: bool = True) -> None:
+        self.queue(deployment).finished(job_id, ran)
 
     def remove(self, deployment: str, job_id: str) -> bool:
         return self.queue(deployment).remove(job_id)

@@ -25,7 +25,7 @@ from ..execution.events import JobEvent, JobSpec
 from ..storage.payloads import JobPayloads
 from ..storage.results import ResultStore
 from .bus import EventBus
-from .intake import LogBudget, check_event, clean_text, event_job_id, runtime_of
+from .intake import LogBudget, check_event, clean_text, event_job_id
 from .job import Job, Status
 from .observer import JobObserver, Observers
 from .scheduler import Scheduler
@@ -118,7 +118,7 @@ class JobService(Upkeep):
                 payload_path = self.payloads.path(job.id)
             except (OSError, ValueError) as error:
                 log.error("the payload of %s cannot be read: %s", job.id, error)
-                self.scheduler.finished(name, job.id, None)
+                self.scheduler.finished(name, job.id, ran=False)
                 self._record(job.id, Status.ERROR, (
                     "Your request's payload could not be read on this server. Please resubmit it."
                 ))
@@ -162,7 +162,7 @@ class JobService(Upkeep):
 
     def _fail_waiting(self, name: str, reason: str) -> None:
         while (job_id := self.scheduler.next(name)) is not None:
-            self.scheduler.finished(name, job_id, None)
+            self.scheduler.finished(name, job_id, ran=False)
             job = self.store.get(job_id)
             if job is not None and not job.status.final:
                 self._record(job_id, Status.ERROR, reason)
@@ -244,13 +244,13 @@ class JobService(Upkeep):
             return
         self._record(job.id, status, description, meta=event.meta)
         if status.final:
-            self._finished(name, job.id, runtime_of(event.meta))
+            self._finished(name, job.id)
 
-    def _finished(self, name: str, job_id: str, runtime: Optional[float]) -> None:
+    def _finished(self, name: str, job_id: str, ran: bool = True) -> None:
         self._announced.pop(job_id, None)
         self.log_budget.forget(job_id)
         self.payloads.delete(job_id)
-        self.scheduler.finished(name, job_id, runtime)
+        self.scheduler.finished(name, job_id, ran)
 
     def on_change(self, name: str) -> None:
         """A deployment changed state or a replica became idle: dispatch, re-announce."""

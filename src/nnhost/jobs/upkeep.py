@@ -149,7 +149,7 @@ class Upkeep(Completion):
                 f"server's time limit ({format_duration(self.settings.time_limit)}) and kill "
                 "grace allow. Its worker may have hung or died. Please resubmit it.",
             )
-            self._finished(job.deployment, job.id, None)
+            self._finished(job.deployment, job.id)  # it held its replica all that time
             failed += 1
             try:
                 self.deployments.cancel(job.deployment, job.id)
