@@ -33,13 +33,15 @@ from nnhost.testing import ServerProcess
 NOTICE = "shared model"
 
 
-@pytest.fixture(scope="module")
-def parity_server(root, server_hf_home, test_snapshot):
+@pytest.fixture(scope="module", params=["fork", "mapped"])
+def parity_server(request, root, server_hf_home, test_snapshot):
+    """A server of the programs' own, in each execution design (see `test_execution_designs`)."""
     process = ServerProcess(
         [TEST_REPO],
-        data_dir=root / "parity-server-data",
+        data_dir=root / f"parity-server-data-{request.param}",
         hf_home=server_hf_home,
         api_key=API_KEY,
+        env={"NNHOST_EXECUTION": request.param},
     )
     process.start()
     yield process

@@ -176,6 +176,10 @@ class Settings(BaseSettings):
     #: Contain user code (restricted unpickling, import allowlist, read-only weights,
     #: OS-level layers; see README "Security"). false only for trusted deployments.
     containment: bool = True
+    #: How contained jobs run: "fork" (each job's process forked from the process
+    #: holding the weights), "mapped" (forked from a template without weights,
+    #: mapping them by handle; see docs), or "auto" (fork on the CPU).
+    execution: Literal["auto", "fork", "mapped"] = "auto"
     #: Top-level modules user code may import (nnsight is always allowed).
     allowed_imports: Names = Field(default_factory=lambda: list(DEFAULT_ALLOWED_IMPORTS))
     #: Memory one job may use on top of the loaded worker (0: 8 GiB).

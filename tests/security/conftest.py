@@ -29,11 +29,15 @@ SECRET = "nnhost-secret-" + secrets.token_hex(8)
 ISO_SECRET = "nnhost-iso-secret-" + secrets.token_hex(8)
 
 
-@pytest.fixture(scope="session")
-def secure_server(root, server_hf_home, test_snapshot):
+#: Every case runs against both execution designs (see `test_execution_designs`).
+DESIGNS = ["fork", "mapped"]
+
+
+@pytest.fixture(scope="session", params=DESIGNS)
+def secure_server(request, root, server_hf_home, test_snapshot):
     process = ServerProcess(
         [TEST_REPO],
-        data_dir=root / "secure-data",
+        data_dir=root / f"secure-data-{request.param}",
         hf_home=server_hf_home,
         api_key=API_KEY,
         extra_args=[
@@ -44,6 +48,7 @@ def secure_server(root, server_hf_home, test_snapshot):
             "NNHOST_MAX_REQUEST_BYTES": str(MAX_REQUEST_BYTES),
             "NNHOST_JOB_MEMORY_BYTES": str(JOB_MEMORY_BYTES),
             "NNHOST_TEST_SECRET": SECRET,
+            "NNHOST_EXECUTION": request.param,
         },
     )
     process.start()
@@ -67,11 +72,11 @@ def serving(secure_server, remote_model, local_reference):
     assert_serving(secure_server, remote_model, local_reference)
 
 
-@pytest.fixture(scope="session")
-def iso_server(root, server_hf_home, test_snapshot):
+@pytest.fixture(scope="session", params=DESIGNS)
+def iso_server(request, root, server_hf_home, test_snapshot):
     process = ServerProcess(
         [TEST_REPO],
-        data_dir=root / "isolation-data",
+        data_dir=root / f"isolation-data-{request.param}",
         hf_home=server_hf_home,
         api_key=API_KEY,
         extra_args=["--time-limit", "6", "--kill-grace", "2"],
@@ -80,6 +85,7 @@ def iso_server(root, server_hf_home, test_snapshot):
             "NNHOST_JOB_MEMORY_BYTES": str(512 * MiB),
             "NNHOST_SCRATCH_BYTES": str(64 * MiB),
             "NNHOST_TEST_SECRET": ISO_SECRET,
+            "NNHOST_EXECUTION": request.param,
         },
     )
     process.start()

@@ -352,7 +352,9 @@ class LocalReplica(JobProcesses):
         if host is None:
             return None
         report = {"enabled": host.get("enabled", True), "active": list(host.get("active", [])),
-                  "unavailable": dict(host.get("unavailable", {}))}
+                  "unavailable": dict(host.get("unavailable", {})),
+                  # The host's own word on its design, one of three names: shown, never acted on.
+                  "execution": str(host.get("execution", "in-process"))[:16]}
         job = slot.containment if slot is not None else self._state.containment
         if self._groups is None:
             report["mode"] = "one process for every job"

@@ -16,6 +16,14 @@ pipe; the replica talks to the job's process directly, and tells the host to
 fork the next one, or to kill one. The host reaps its children and reports
 their exit statuses. It reads nothing a job wrote.
 
+In the **mapped design** (``execution = "mapped"``) the host forks nothing:
+it starts a template process (`template`) before it imports torch, loads
+the weights, exports them as handles (`mapped_weights`) to the template, and
+from then on relays the replica's messages to the template and the
+template's back, descriptors included. The template forks the job processes;
+each maps the weights. So the process that holds the weights has never had a
+job's process as its child.
+
 In **trusted mode** (``containment = false``) and on accelerators, where a
 CUDA context cannot cross a fork (see the README's Security section), the host
 runs the jobs itself, one after another, as a reusable slot; there the
@@ -33,10 +41,11 @@ import os
 import select
 import signal
 import socket
+import subprocess
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, Optional
 
 from .channel import Channel, pair
 from .worker import EXIT_MODEL_CHANGED, WorkerOptions, load_model, place, secure, weight_bytes
@@ -56,11 +65,15 @@ def main() -> None:
     if not message or message.get("type") != "options":
         sys.exit(2)
     options = WorkerOptions(**message["options"])
-    os.environ.update(options.environ)
-    from .policy import pop_policy
+    from .policy import Design, WorkerPolicy
 
-    policy = pop_policy()
-    fork_mode = policy.containment and options.home_device == "cpu"
+    # The policy travels in the model's environment; taken out before it is applied.
+    policy = WorkerPolicy.from_environ(options.environ)
+    design = policy.design(options.home_device)
+    # Before anything is imported or loaded: the template must not inherit it.
+    template = start_template(options, policy) if design is Design.MAPPED else None
+    os.environ.update(options.environ)
+    fork_mode = design is Design.FORK
     namespaces_problem = None
     if policy.containment:
         from .containment import enter_private_namespaces
@@ -89,8 +102,28 @@ def main() -> None:
             torch.set_num_threads(options.torch_threads)
         started = time.perf_counter()
         model = load_model(options)
+        if template is not None:
+            from .containment import contain
+
+            exported = _export(model)
+            host_report = contain(policy.limits, namespaces_problem, host_only=True)
+            report = template.hand_over(exported)
+            containment.update(report)
+            containment["execution"] = design.value
+            state({
+                "state": "RUNNING",
+                "description": (
+                    f"Loaded in {time.perf_counter() - started:.1f}s; this process: "
+                    f"{host_report.describe()}; each job's process is forked from a template "
+                    "without weights and maps them (the mapped design)."
+                ),
+                "weight_bytes": weight_bytes(model),
+            })
+            template.relay(control)
+            os._exit(0)
         runner, guard, report = secure(model, policy, namespaces_problem, fork_mode=fork_mode)
         containment.update(report.to_dict())
+        containment["execution"] = design.value
         if fork_mode:
             from .worker import warm_up
 
@@ -118,16 +151,103 @@ def main() -> None:
         serve_in_process(control, model, runner, guard)
 
 
+def _export(model: Any) -> Any:
+    from .mapped_weights import export
+
+    return export(model)
+
+
+class Template:
+    """The host's end of the mapped design: starts the template, hands it the weights, relays."""
+
+    def __init__(self, process: subprocess.Popen[bytes], channel: Channel) -> None:
+        self.process = process
+        self.channel = channel
+
+    def _expect(self, wanted: str) -> dict:
+        message, fds = self.channel.recv()
+        for fd in fds:
+            os.close(fd)
+        if message is None:
+            raise RuntimeError(f"the template process ended ({describe_status(self.process)})")
+        if message.get("type") != "state" or message.get("state") != wanted:
+            raise RuntimeError(str(message.get("description") or message)[-4000:])
+        return message
+
+    def hand_over(self, exported: Any) -> dict:
+        """Wait for the template's tree, send it the handles; returns its containment report."""
+        ready = self._expect("READY")
+        try:
+            self.channel.send({"type": "weights", "tensors": exported.tensors}, exported.fds)
+        finally:
+            exported.close()  # the template holds them now; the host keeps its mapping only
+        self._expect("RUNNING")
+        report = ready.get("containment")
+        return dict(report) if isinstance(report, dict) else {}
+
+    def relay(self, control: Channel) -> None:
+        """Pass the replica's messages to the template and its answers back, until either ends."""
+        sockets = {control.sock: (control, self.channel), self.channel.sock: (self.channel, control)}
+        while True:
+            ready, _, _ = select.select(list(sockets), [], [])
+            for sock in ready:
+                source, target = sockets[sock]
+                try:
+                    message, fds = source.recv()
+                except (OSError, ValueError):
+                    message, fds = None, []
+                try:
+                    if message is None:
+                        if source is self.channel:
+                            control.send({"type": "state", "state": "UNHEALTHY", "description": (
+                                f"The template process ended ({describe_status(self.process)}).")})
+                        return
+                    if source is control and message.get("type") == "place":
+                        control.send({"type": "state", "state": "RUNNING",
+                                      "description": "Weights on cpu (every job's process maps them)."})
+                        continue
+                    target.send(message, fds)
+                    if source is control and message.get("type") == "stop":
+                        self.process.wait(timeout=10)
+                        return
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+
+
+def start_template(options: WorkerOptions, policy: Any) -> Template:
+    from dataclasses import asdict
+
+    ours, theirs = pair()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "nnhost.execution.template", str(theirs.fileno())],
+        pass_fds=[theirs.fileno()], env=dict(os.environ), stdin=subprocess.DEVNULL, close_fds=True,
+    )
+    theirs.close()
+    channel = Channel(ours)
+    channel.send({"type": "options", "options": asdict(options), "policy": asdict(policy)})
+    return Template(process, channel)
+
+
+def describe_status(process: subprocess.Popen[bytes]) -> str:
+    from .job_process import describe_exit
+
+    return describe_exit(process.poll())
+
+
 class Forker:
     """Keeps job processes coming; kills and reaps them; never reads what they write."""
 
-    def __init__(self, control: Channel, runner: Any, policy: Any, options: WorkerOptions) -> None:
+    def __init__(self, control: Channel, runner: Any, policy: Any, options: WorkerOptions,
+                 weights: Optional[list[int]] = None) -> None:
         from .job_layers import PidNamespaces
 
         self.control = control
         self.runner = runner
         self.policy = policy
         self.options = options
+        #: The mapped design: the weight handles each job's process binds (`mapped_weights`).
+        self.weights = weights
         self.namespaces = PidNamespaces()
         self.children: set[int] = set()
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -197,7 +317,7 @@ class Forker:
 
             ours.close()
             os.close(log_r)
-            live(theirs, log_w, self.runner, self.policy, self.options, memory_cgroup)
+            live(theirs, log_w, self.runner, self.policy, self.options, memory_cgroup, self.weights)
         theirs.close()
         os.close(log_w)
         self.children.add(pid)

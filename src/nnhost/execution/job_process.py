@@ -1,8 +1,12 @@
-"""One job's process: forked from the host ahead of time, contained, runs one job, exits.
+"""One job's process: forked ahead of time, contained, runs one job, exits.
 
-The host (`host`) forks this process before any job is waiting for it, so the
-fork and the containment set-up are off the request's path. Here, still root
-and before anything of a job has been read, it:
+The host (`host`, the fork design) or the template (`template`, the mapped
+design) forks this process before any job is waiting for it, so the fork and
+the containment set-up are off the request's path. Here, still root and
+before anything of a job has been read, it:
+
+0. in the mapped design, maps the host's weights and binds them into its
+   copy of the model's tree (`mapped_weights`);
 
 1. points its stdout and stderr (descriptors 1 and 2, so native writes and
    Python warnings too) at a pipe whose other end the replica reads as this
@@ -50,11 +54,20 @@ def live(
     policy: Any,
     options: Any,
     memory_cgroup: bool,
+    weights: Optional[list[int]] = None,
 ) -> None:
-    """The whole life of a job process (called in the child right after fork; never returns)."""
+    """The whole life of a job process (called in the child right after fork; never returns).
+
+    ``weights``: in the mapped design, the handles of the host's weights, bound
+    into this process's module tree before anything else (`mapped_weights`).
+    """
     status = 0
     channel = Channel(sock)
     try:
+        if weights is not None:
+            from .mapped_weights import bind
+
+            bind(runner.model, weights)
         _detach_from_host(sock.fileno(), log_fd)
         from .job_layers import contain_job, host_pid
 

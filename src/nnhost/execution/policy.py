@@ -8,6 +8,7 @@ execution side needs no knowledge of the server's configuration.
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -20,6 +21,19 @@ from .sandbox_rules import DEFAULT_ALLOWED_IMPORTS
 ENVIRONMENT_KEY = "NNHOST_WORKER_POLICY"
 
 
+class Design(str, enum.Enum):
+    """How a replica runs its jobs (the ``execution`` setting, resolved for one device)."""
+
+    #: Each job in a fresh process forked from the host, which holds the weights (CPU only).
+    FORK = "fork"
+    #: Each job in a fresh process forked from a template that never holds the
+    #: weights; the job maps the host's weights by handle (`template`).
+    MAPPED = "mapped"
+    #: The host runs every job itself (trusted mode; accelerators until the
+    #: mapped design maps their memory), behind the integrity guard.
+    IN_PROCESS = "in-process"
+
+
 @dataclass
 class WorkerPolicy:
     #: The operator switch: False runs user code unconfined (trusted deployments).
@@ -29,6 +43,21 @@ class WorkerPolicy:
     #: Tests only: a job process runs a payload's raw Python prefix unrestricted
     #: (see `job_process._run_test_hook`). Set by the operator, never by a request.
     test_hooks: bool = False
+    #: The operator's choice of design: "auto", "fork" or "mapped" (see `design`).
+    execution: str = "auto"
+
+    def design(self, device: str) -> Design:
+        """The design for a model whose home is ``device``.
+
+        ``auto`` is fork on the CPU. Accelerators need the mapped design, whose
+        device memory export is not built yet: they run in the host, as before.
+        """
+        if not self.containment:
+            return Design.IN_PROCESS
+        on_cpu = device == "cpu"
+        if self.execution == Design.MAPPED.value and on_cpu:
+            return Design.MAPPED
+        return Design.FORK if on_cpu else Design.IN_PROCESS
 
     def __post_init__(self) -> None:
         if isinstance(self.limits, dict):
@@ -75,6 +104,7 @@ def policy_from_settings(settings: Any) -> WorkerPolicy:
         allowed_imports=list(getattr(settings, "allowed_imports", None) or DEFAULT_ALLOWED_IMPORTS),
         limits=limits,
         test_hooks=bool(getattr(settings, "unsafe_test_hooks", False)),
+        execution=str(getattr(settings, "execution", "auto") or "auto"),
     )
 
 

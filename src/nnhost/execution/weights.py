@@ -39,53 +39,28 @@ class WeightImage:
         self.mapping = mapping
         self.size = size
         self.tensors = tensors
+        #: The sealed memfd, when `build` was asked to keep it (else -1).
+        self.fd = -1
 
     @classmethod
-    def build(cls, tensors: Iterable[Any]) -> Optional["WeightImage"]:
-        """Move ``tensors`` (CPU parameters) into the image; None when not possible here."""
+    def build(cls, tensors: Iterable[Any], keep_fd: bool = False) -> Optional["WeightImage"]:
+        """Move ``tensors`` (CPU parameters) into the image; None when not possible here.
+
+        ``keep_fd``: keep the sealed memfd open (`fd`) so that other processes
+        can map the same pages (the mapped design, `mapped_weights`).
+        """
         import torch
 
-        if not hasattr(os, "memfd_create") or not hasattr(fcntl, "F_ADD_SEALS"):
+        packed = pack_storages(tensors, cls.ALIGN)
+        if packed is None:
             return None
-        groups: dict[int, list] = {}
-        storages: dict[int, Any] = {}
-        for tensor in tensors:
-            if tensor.device.type != "cpu" or tensor.is_sparse or tensor.numel() == 0:
-                continue
-            storage = tensor.untyped_storage()
-            key = storage.data_ptr()
-            storages[key] = storage
-            groups.setdefault(key, []).append(tensor)
-        if not storages:
-            return None
-        offsets, size = {}, 0
-        for key, storage in storages.items():
-            offsets[key] = size
-            size += -(-storage.nbytes() // cls.ALIGN) * cls.ALIGN
-        size = max(size, mmap.PAGESIZE)
-        fd = os.memfd_create("nnhost-weights", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        fd, size, groups, storages, offsets = packed
         try:
-            os.ftruncate(fd, size)
-            writer = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            try:
-                for key, storage in storages.items():
-                    target = torch.frombuffer(
-                        writer, dtype=torch.uint8, count=storage.nbytes(), offset=offsets[key]
-                    )
-                    target.copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
-                    del target
-            finally:
-                writer.close()
-            # Sealed: not even a process holding the fd can change the weights.
-            fcntl.fcntl(
-                fd,
-                fcntl.F_ADD_SEALS,
-                fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL,
-            )
             mapping = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         finally:
-            # The mapping keeps the memfd alive; no descriptor is left to find.
-            os.close(fd)
+            if not keep_fd:
+                # The mapping keeps the memfd alive; no descriptor is left to find.
+                os.close(fd)
         import warnings
 
         with warnings.catch_warnings():
@@ -99,7 +74,72 @@ class WeightImage:
                         tensor.data = torch.empty(0, dtype=tensor.dtype).set_(
                             storage, tensor.storage_offset(), tensor.size(), tensor.stride()
                         )
-        return cls(mapping, size, sum(len(m) for m in groups.values()))
+        image = cls(mapping, size, sum(len(m) for m in groups.values()))
+        image.fd = fd if keep_fd else -1
+        return image
+
+    def offset_of(self, tensor: Any) -> int:
+        """Where ``tensor``'s storage starts in the image (a tensor `build` re-pointed)."""
+        import torch
+
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            base = torch.frombuffer(self.mapping, dtype=torch.uint8, count=1).data_ptr()
+        return tensor.untyped_storage().data_ptr() - base
+
+
+def pack_storages(tensors: Iterable[Any], align: int = 64) -> Optional[tuple]:
+    """Copy the storages of CPU ``tensors`` into one new memfd, sealed against any change.
+
+    Returns ``(fd, size, tensors by storage, storages, offsets by storage)``
+    (storages keyed by their data pointer; tensors sharing one stay together),
+    or None when there is nothing to pack or the system has no sealed memfds.
+    """
+    import torch
+
+    if not hasattr(os, "memfd_create") or not hasattr(fcntl, "F_ADD_SEALS"):
+        return None
+    groups: dict[int, list] = {}
+    storages: dict[int, Any] = {}
+    for tensor in tensors:
+        if tensor.device.type != "cpu" or tensor.is_sparse or tensor.numel() == 0:
+            continue
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        storages[key] = storage
+        groups.setdefault(key, []).append(tensor)
+    if not storages:
+        return None
+    offsets, size = {}, 0
+    for key, storage in storages.items():
+        offsets[key] = size
+        size += -(-storage.nbytes() // align) * align
+    size = max(size, mmap.PAGESIZE)
+    fd = os.memfd_create("nnhost-weights", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        writer = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            for key, storage in storages.items():
+                target = torch.frombuffer(
+                    writer, dtype=torch.uint8, count=storage.nbytes(), offset=offsets[key]
+                )
+                target.copy_(torch.empty(0, dtype=torch.uint8).set_(storage))
+                del target
+        finally:
+            writer.close()
+        # Sealed: not even a process holding the fd can change the weights.
+        fcntl.fcntl(
+            fd,
+            fcntl.F_ADD_SEALS,
+            fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL,
+        )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, size, groups, storages, offsets
 
 
 class WeightSeal:

@@ -40,6 +40,7 @@ def _containment(deployment: Deployment) -> Optional[dict[str, Any]]:
             return {
                 "enabled": bool(report.get("enabled", True)),
                 "mode": report.get("mode", ""),
+                "execution": report.get("execution", ""),
                 "active": list(report.get("active", [])),
                 "unavailable": dict(report.get("unavailable", {})),
             }

@@ -1,0 +1,122 @@
+"""The two execution designs on the CPU: fork (jobs forked from the host) and mapped.
+
+In the mapped design the host, which holds the weights, forks nothing; a
+template process that never holds them forks each job's process, which maps
+the host's weights by handle. The parity programs and the security suite run
+against both designs (`test_parity`, `tests/security`); this module checks
+what only the mapped design promises: where user code runs, and who holds
+the weights.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from conftest import API_KEY, TEST_REPO
+from nnhost.testing import ServerProcess
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfds and /proc are Linux's")
+
+
+@pytest.fixture(scope="module")
+def mapped_server(root, server_hf_home, test_snapshot):
+    process = ServerProcess(
+        [TEST_REPO], data_dir=root / "mapped-designs-data", hf_home=server_hf_home, api_key=API_KEY,
+        env={"NNHOST_EXECUTION": "mapped"},
+    )
+    process.start()
+    yield process
+    process.stop()
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """Every process: its parent and command line."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as file:
+                parent = int(file.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as file:
+                command = file.read().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError, IndexError):
+            continue
+        found[int(entry)] = (parent, command)
+    return found
+
+
+def _descendants(pid: int, table) -> list[int]:
+    out, frontier = [], [pid]
+    while frontier:
+        current = frontier.pop()
+        children = [p for p, (parent, _) in table.items() if parent == current]
+        out += children
+        frontier += children
+    return out
+
+
+def _maps_weights(pid: int) -> bool:
+    with open(f"/proc/{pid}/maps") as file:
+        return "nnhost-weights" in file.read()
+
+
+def test_status_names_each_deployments_design(mapped_server, server):
+    def design(process):
+        deployment = process.status()["deployments"][TEST_REPO]
+        return deployment["containment"]["execution"]
+
+    assert design(mapped_server) == "mapped"
+    assert design(server) == "fork"
+
+
+def test_no_job_runs_in_the_process_that_holds_the_weights(mapped_server, remote_model, local_model):
+    """The host maps the weights and has one child, the template; the jobs are the template's."""
+    from nnsight import LanguageModel  # noqa: F401  (the client is imported by the fixtures)
+
+    import threading
+
+    import torch
+
+    seen: dict = {}
+
+    def watch():
+        # While a job is running: look at the whole tree under the server.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "table" not in seen:
+            table = _processes()
+            tree = _descendants(mapped_server.process.pid, table)
+            hosts = [p for p in tree if "nnhost.execution.host" in table[p][1]]
+            templates = [p for p in tree if "nnhost.execution.template" in table[p][1]]
+            if hosts and templates:
+                jobs = _descendants(templates[0], table)
+                if jobs:
+                    seen.update(table=table, host=hosts[0], template=templates[0], jobs=jobs)
+                    seen["host maps"] = _maps_weights(hosts[0])
+                    seen["template maps"] = _maps_weights(templates[0])
+                    seen["jobs map"] = [_maps_weights(p) for p in jobs]
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+
+    def program(model, remote):
+        with model.trace("The Eiffel Tower is in the city of", remote=remote):
+            out = model.lm_head.output.save()
+        return out
+
+    remote = program(remote_model, mapped_server.url)
+    watcher.join()
+    assert torch.equal(remote, program(local_model, False))
+    assert seen, "no job process was found under the template"
+    table = seen["table"]
+    # The host's only child is the template: it never forked a job's process.
+    assert [p for p, (parent, _) in table.items() if parent == seen["host"]] == [seen["template"]]
+    assert table[seen["template"]][0] == seen["host"]
+    # The host and every job's process map the weights; the template never does.
+    assert seen["host maps"] and not seen["template maps"]
+    assert all(seen["jobs map"]) and seen["jobs map"]
