@@ -20,7 +20,14 @@ with the real nnsight client, and prints:
 3. the per-job guard time (the worker's ``meta["integrity_seconds"]``);
 4. time to result with the model COLD, WARM and HOT, beside a plain
    ``from_pretrained`` load onto the device;
-5. small-trace latency, remote against local.
+5. small-trace latency, remote against local;
+6. what each ready job process holds: its private host memory and (on CUDA,
+   from ``nvidia-smi``) its device memory.
+
+All of it runs once per execution design in ``--executions`` (by default
+``auto``, which is in-process on CUDA and fork on the CPU, then ``mapped``:
+each job's process forked from a template without weights, mapping the
+host's by handle), each with a server of its own.
 
 It exits 1 if any parity or escape check fails, 0 otherwise, and 0 with
 "no GPU: skipped" where the device is CUDA and ``torch.cuda.is_available()``
@@ -353,38 +360,22 @@ def build(hf_home: Path, small: bool, dtype: str) -> Path:
     return snapshot
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda:0")
-    parser.add_argument("--small", action="store_true", help="a tiny model (for the CPU)")
-    parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on the CPU")
-    parser.add_argument("--repeats", type=int, default=5, help="timed small traces per side")
-    args = parser.parse_args(argv)
+def check_design(args: Any, execution: str, root: Path, url: str, port: int, hf_home: Path,
+                 snapshot: Path, dtype: str, check: "Check") -> None:
+    """Serve the model with ``execution`` and run every check against it."""
     import torch
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("no GPU: skipped (torch.cuda.is_available() is false; "
-              "run with --device cpu --small to exercise the script on the CPU)")
-        return 0
-    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    from nnhost.testing import ServerProcess, free_port, point_client_at
+    from nnhost.testing import ServerProcess
 
-    root = Path(tempfile.mkdtemp(prefix="nnhost-gpu-check-"))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    point_client_at(url, API_KEY, root)
-    hf_home = root / "server-hf"
-    started = time.perf_counter()
-    snapshot = build(hf_home, args.small, dtype)
-    print(f"built {REPO_ID} in {time.perf_counter() - started:.1f}s at {snapshot}", flush=True)
-    data_dir = root / "data"
+    print(f"\n=== execution = {execution!r} ===", flush=True)
+    data_dir = root / f"data-{execution}"
     data_dir.mkdir()
     (data_dir / "nnhost.toml").write_text(
         f'[[model]]\nrepo_id = "{REPO_ID}"\ndevice = "{args.device}"\ndtype = "{dtype}"\n'
     )
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "NNHOST_EXECUTION": execution}
     server = ServerProcess([], data_dir=data_dir, hf_home=hf_home, api_key=API_KEY, port=port, env=env)
-    check = Check()
     try:
         started = time.perf_counter()
         server.start(timeout=600)
@@ -392,6 +383,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"server up in {time.perf_counter() - started:.1f}s: {entry.get('description', '')}")
         layers = entry.get("containment") or {}
         print(f"containment: {layers}", flush=True)
+        if execution == "mapped" and layers.get("execution") != "mapped":
+            check.record("the mapped design is what runs", False, f"/status says {layers.get('execution')!r}")
 
         import nnsight
         from nnsight import LanguageModel
@@ -492,6 +485,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             model = AutoModelForCausalLM.from_pretrained(str(snapshot), dtype=getattr(torch, dtype))
             return model.to(args.device)
 
+        print("  " + ready_job_memory(args.device, server))
         load_seconds, loaded = timed(plain_load, args.device)
         del loaded
         print("  time to result: " + ", ".join(f"{k} {v:.2f}s" for k, v in levels.items())
@@ -500,9 +494,99 @@ def main(argv: Optional[list[str]] = None) -> int:
     except Exception:
         traceback.print_exc()
         print(server.log_tail(60))
-        check.failures.append("the check itself")
+        check.failures.append(f"the check itself ({execution})")
     finally:
         server.stop()
+
+
+def ready_job_memory(device: str, server: Any) -> str:
+    """What each ready job process holds: device memory (nvidia-smi) and its resident host memory."""
+    import subprocess
+
+    pids = _tree(server.process.pid)
+    jobs = [pid for pid in pids if _parent_command(pid).endswith("nnhost.execution.template")]
+    host_kib = []
+    for pid in jobs:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as file:
+                for line in file:
+                    if line.startswith(("Private_Dirty:", "Private_Clean:")):
+                        host_kib.append(int(line.split()[1]))
+        except OSError:
+            pass
+    text = f"ready job processes (children of the template): {len(jobs)}"
+    if host_kib:
+        text += f", private host memory {sum(host_kib) / 1024 / max(1, len(jobs)):.0f} MiB each"
+    if device.startswith("cuda") and jobs:
+        try:
+            listed = subprocess.run(
+                ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                capture_output=True, text=True, timeout=20).stdout
+            used = {int(p): int(m) for p, m in (line.split(",") for line in listed.strip().splitlines() if line)}
+            on_device = [used[pid] for pid in jobs if pid in used]
+            text += f", device memory {on_device} MiB"
+        except (OSError, ValueError, subprocess.SubprocessError) as error:
+            text += f", device memory unknown ({error})"
+    return text
+
+
+def _tree(root_pid: int) -> list[int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as file:
+                    parents[int(entry)] = int(file.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    found, frontier = [], [root_pid]
+    while frontier:
+        current = frontier.pop()
+        children = [pid for pid, parent in parents.items() if parent == current]
+        found += children
+        frontier += children
+    return found
+
+
+def _parent_command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            parent = int(file.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{parent}/cmdline", "rb") as file:
+            return file.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except (OSError, ValueError, IndexError):
+        return ""
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--small", action="store_true", help="a tiny model (for the CPU)")
+    parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on the CPU")
+    parser.add_argument("--repeats", type=int, default=5, help="timed small traces per side")
+    parser.add_argument("--executions", default="auto,mapped",
+                        help="execution designs to check, one server each (auto: in-process on CUDA, fork on the CPU)")
+    args = parser.parse_args(argv)
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("no GPU: skipped (torch.cuda.is_available() is false; "
+              "run with --device cpu --small to exercise the script on the CPU)")
+        return 0
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    from nnhost.testing import free_port, point_client_at
+
+    root = Path(tempfile.mkdtemp(prefix="nnhost-gpu-check-"))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    point_client_at(url, API_KEY, root)
+    hf_home = root / "server-hf"
+    started = time.perf_counter()
+    snapshot = build(hf_home, args.small, dtype)
+    print(f"built {REPO_ID} in {time.perf_counter() - started:.1f}s at {snapshot}", flush=True)
+    check = Check()
+    for execution in args.executions.split(","):
+        check_design(args, execution, root, url, port, hf_home, snapshot, dtype, check)
     print()
     if check.failures:
         print(f"FAILED: {len(check.failures)} check(s): {', '.join(check.failures)}")

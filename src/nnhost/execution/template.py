@@ -81,6 +81,13 @@ def main() -> None:
         for fd in fds:
             os.close(fd)
         sys.exit(0 if message is None else 2)
+    # A request of our own on the weightless tree, so that what can be done
+    # once (nnsight compiling the trace, the unpickler and the serializer's
+    # first use) is done here and inherited by every job's process. The
+    # forward pass stops at the first value it needs (meta tensors have none).
+    from .worker import warm_up
+
+    warm_up(model, runner)
     import gc
 
     gc.collect()
