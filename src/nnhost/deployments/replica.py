@@ -38,7 +38,7 @@ from ..execution.channel import BadMessage, Channel, close_all, pair
 from ..execution.events import JobSpec
 from ..execution.handoff import send_job
 from ..execution.job_process import describe_exit
-from ..execution.policy import WorkerPolicy
+from ..execution.policy import Design, WorkerPolicy
 from ..execution.worker import WorkerOptions, crash_hint
 from .contract import OnIdle, OnIncident, OnJobEvent, OnState, ReplicaState, ReplicaStatus
 from .incidents import Incident
@@ -129,7 +129,8 @@ class LocalReplica(JobProcesses):
     def start(self) -> None:
         with self._lock:
             self._stopping = False
-            if self._groups is None and self.policy.containment and self.options.home_device == "cpu":
+            # A process per job (fork or mapped design): each gets a memory group.
+            if self._groups is None and self.policy.design(self.options.home_device) is not Design.IN_PROCESS:
                 self._groups = JobGroups(self.name)
             self._spawn()
         if self._watchdog is None:

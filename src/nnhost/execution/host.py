@@ -119,7 +119,7 @@ def main() -> None:
                 ),
                 "weight_bytes": weight_bytes(model),
             })
-            template.relay(control)
+            template.relay(control, options.device)
             os._exit(0)
         runner, guard, report = secure(model, policy, namespaces_problem, fork_mode=fork_mode)
         containment.update(report.to_dict())
@@ -185,8 +185,13 @@ class Template:
         report = ready.get("containment")
         return dict(report) if isinstance(report, dict) else {}
 
-    def relay(self, control: Channel) -> None:
-        """Pass the replica's messages to the template and its answers back, until either ends."""
+    def relay(self, control: Channel, device: str) -> None:
+        """Pass the replica's messages to the template and its answers back, until either ends.
+
+        The weights stay where they were exported (``device``): every ready job
+        process has mapped them there. A request to move them ends the host,
+        saying why, and the replica starts a new one.
+        """
         sockets = {control.sock: (control, self.channel), self.channel.sock: (self.channel, control)}
         while True:
             ready, _, _ = select.select(list(sockets), [], [])
@@ -203,9 +208,15 @@ class Template:
                                 f"The template process ended ({describe_status(self.process)}).")})
                         return
                     if source is control and message.get("type") == "place":
-                        control.send({"type": "state", "state": "RUNNING",
-                                      "description": "Weights on cpu (every job's process maps them)."})
-                        continue
+                        wanted = str(message.get("device", device))
+                        if wanted == device:
+                            control.send({"type": "state", "state": "RUNNING", "description": (
+                                f"Weights on {device} (every job's process maps them).")})
+                            continue
+                        control.send({"type": "state", "state": "UNHEALTHY", "description": (
+                            f"The mapped design keeps the weights where they were loaded ({device}); "
+                            f"moving them to {wanted} needs a new host process.")})
+                        return
                     target.send(message, fds)
                     if source is control and message.get("type") == "stop":
                         self.process.wait(timeout=10)

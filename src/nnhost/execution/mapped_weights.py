@@ -30,8 +30,8 @@ import json
 import mmap
 import os
 import warnings
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any
 
 from .weights import WeightImage, pack_storages
 
@@ -40,12 +40,14 @@ PARAMETER, BUFFER, ATTRIBUTE = "parameter", "buffer", "attribute"
 
 @dataclass
 class ExportedWeights:
-    """What the host hands the template: descriptors (parameters, the rest, layout) and sizes."""
+    """What the host hands the template: one descriptor per image, then the layout's."""
 
     fds: list[int]
     tensors: int
-    parameter_bytes: int
-    other_bytes: int
+    #: Bytes of each image, in the order of ``fds``.
+    sizes: list[int]
+    #: The host's device images (kept alive: they are the host's own weights).
+    device_images: list = field(default_factory=list)
 
     def close(self) -> None:
         for fd in self.fds:
@@ -67,41 +69,104 @@ def _named_tensors(root: Any) -> list[tuple[str, str, Any]]:
     return named
 
 
+def _storage_bytes(tensor: Any) -> Any:
+    """A tensor's whole storage as uint8 on the CPU (a copy when it lives on a device)."""
+    import torch
+
+    raw = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
+    return raw if tensor.device.type == "cpu" else raw.cpu()
+
+
 def export(model: Any) -> ExportedWeights:
-    """In the host: seal the weights into memfds (re-pointing its own parameters at them)."""
+    """In the host: seal the weights into images (re-pointing its own parameters at them).
+
+    Images, in order: the CPU parameters (a sealed memfd, shared read-only),
+    the buffers and tensor attributes of every device (a sealed memfd, copied
+    to the CPU; each job maps it privately and moves them to their device),
+    then one device allocation per accelerator holding parameters
+    (`cuda_handles`).
+    """
+    import torch
+
     root = model._module
     named = _named_tensors(root)
     parameters = [t for _, kind, t in named if kind == PARAMETER]
-    image = WeightImage.build(parameters, keep_fd=True)
-    if image is None:
+    on_cpu = [t for t in parameters if t.device.type == "cpu"]
+    images: list[dict[str, Any]] = []
+    fds: list[int] = []
+    places: dict[int, tuple[int, int]] = {}  # storage pointer -> (image, offset)
+    image = WeightImage.build(on_cpu, keep_fd=True) if on_cpu else None
+    if image is not None:
+        for tensor in on_cpu:
+            if tensor.numel():
+                places[tensor.untyped_storage().data_ptr()] = (len(images), image.offset_of(tensor))
+        images.append({"kind": "shared", "size": image.size, "device": "cpu"})
+        fds.append(image.fd)
+    elif on_cpu and any(t.numel() for t in on_cpu):
         raise OSError("this system cannot seal the weights into a memfd, which the mapped design needs")
-    others = [t for _, kind, t in named if kind != PARAMETER]
-    packed = pack_storages(others)
-    if packed is None:  # no buffers at all: an empty image, so that three handles always travel
-        other_fd, other_size, other_offsets = _sealed(b""), 0, {}
+    # Buffers and attributes: one CPU copy per storage, whatever device it lives on.
+    copies: dict[int, Any] = {}
+    for _, kind, tensor in named:
+        if kind != PARAMETER and tensor.numel() and tensor.untyped_storage().data_ptr() not in copies:
+            copies[tensor.untyped_storage().data_ptr()] = _storage_bytes(tensor)
+    packed = pack_storages(list(copies.values()))
+    private = len(images)
+    if packed is None:  # no buffers at all: an empty image, so that the handles always line up
+        images.append({"kind": "private", "size": 0, "device": "cpu"})
+        fds.append(_sealed(b""))
     else:
-        other_fd, other_size, _, _, other_offsets = packed
+        fd, size, _, _, offsets = packed
+        for key, copy in copies.items():
+            places[key] = (private, offsets[copy.untyped_storage().data_ptr()])
+        images.append({"kind": "private", "size": size, "device": "cpu"})
+        fds.append(fd)
+    device_images = []
+    for device in sorted({str(t.device) for t in parameters if t.device.type == "cuda"}):
+        from .cuda_handles import DeviceImage
+
+        members = [t for t in parameters if str(t.device) == device and t.numel()]
+        storages = {t.untyped_storage().data_ptr(): t for t in members}
+        offsets, size = {}, 0
+        for key, tensor in storages.items():
+            offsets[key] = size
+            size += -(-tensor.untyped_storage().nbytes() // WeightImage.ALIGN) * WeightImage.ALIGN
+        target = DeviceImage.create(torch.device(device).index or 0, size)
+        whole = target.tensor(0, target.size)
+        with torch.no_grad():
+            for key, tensor in storages.items():
+                raw = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
+                whole[offsets[key]:offsets[key] + raw.numel()].copy_(raw)
+            torch.cuda.synchronize(device)
+            for tensor in members:
+                start = offsets[tensor.untyped_storage().data_ptr()]
+                # The host's own parameters now live in the exported allocation.
+                tensor.data = torch.empty(0, dtype=tensor.dtype, device=device).set_(
+                    whole.untyped_storage(), start // tensor.element_size() + tensor.storage_offset(),
+                    tensor.size(), tensor.stride())
+        torch.cuda.empty_cache()
+        # Every parameter of this device now shares the image's one storage.
+        places[whole.untyped_storage().data_ptr()] = (len(images), 0)
+        images.append({"kind": "cuda", "size": target.size, "device": device})
+        fds.append(target.export())
+        device_images.append(target)
     entries = []
     for name, kind, tensor in named:
         entry: dict[str, Any] = {
             "name": name, "kind": kind, "dtype": str(tensor.dtype).removeprefix("torch."),
             "size": list(tensor.size()), "stride": list(tensor.stride()),
-            "storage_offset": tensor.storage_offset(),
+            "storage_offset": tensor.storage_offset(), "device": str(tensor.device),
             "requires_grad": bool(tensor.requires_grad) if kind == PARAMETER else False,
         }
         if tensor.numel() == 0:
             entry["image"] = -1
         else:
-            storage = tensor.untyped_storage()
-            entry["nbytes"] = storage.nbytes()
-            if kind == PARAMETER:
-                entry["image"], entry["offset"] = 0, image.offset_of(tensor)
-            else:
-                entry["image"], entry["offset"] = 1, other_offsets[storage.data_ptr()]
+            # A device image is one storage, so its storage_offset already says where.
+            entry["image"], entry["offset"] = places[tensor.untyped_storage().data_ptr()]
+            entry["nbytes"] = tensor.untyped_storage().nbytes()
         entries.append(entry)
-    layout = json.dumps({"sizes": [image.size, other_size], "tensors": entries}).encode()
-    layout_fd = _sealed(layout)
-    return ExportedWeights([image.fd, other_fd, layout_fd], len(entries), image.size, other_size)
+    layout = json.dumps({"images": images, "tensors": entries}).encode()
+    fds.append(_sealed(layout))
+    return ExportedWeights(fds, len(entries), [image["size"] for image in images], device_images)
 
 
 def _sealed(data: bytes) -> int:
@@ -118,6 +183,29 @@ def _read_all(fd: int) -> bytes:
     return os.pread(fd, size, 0)
 
 
+def _open_images(images: list[dict[str, Any]], fds: list[int]) -> list[Any]:
+    """Each image mapped into this process: memfds as mmaps, device images as whole-image tensors."""
+    import torch
+
+    opened: list[Any] = []
+    for spec, fd in zip(images, fds):
+        if spec["kind"] == "shared":
+            opened.append(mmap.mmap(fd, spec["size"], mmap.MAP_SHARED, mmap.PROT_READ))
+        elif spec["kind"] == "private":
+            opened.append(mmap.mmap(fd, spec["size"], mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+                          if spec["size"] else None)
+        elif spec["kind"] == "cuda":
+            from .cuda_handles import DeviceImage
+
+            device = torch.device(spec["device"])
+            torch.cuda.set_device(device)  # this process's own context, made now
+            image = DeviceImage.open(device.index or 0, fd, spec["size"])
+            opened.append(image.tensor(0, image.size))
+        else:
+            raise RuntimeError(f"unknown image kind {spec['kind']!r}")
+    return opened
+
+
 def bind(model: Any, fds: list[int]) -> int:
     """In a job's process: map the host's weights and put them into this process's tree.
 
@@ -126,13 +214,9 @@ def bind(model: Any, fds: list[int]) -> int:
     """
     import torch
 
-    layout = json.loads(_read_all(fds[2]))
-    sizes = layout["sizes"]
-    maps: list[Optional[mmap.mmap]] = [
-        mmap.mmap(fds[0], sizes[0], mmap.MAP_SHARED, mmap.PROT_READ),
-        mmap.mmap(fds[1], sizes[1], mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
-        if sizes[1] else None,
-    ]
+    layout = json.loads(_read_all(fds[-1]))
+    images = layout["images"]
+    opened = _open_images(images, fds[:-1])
     root = model._module
     storages: dict[tuple[int, int], Any] = {}
     made: dict[int, Any] = {}  # id of the meta tensor -> what replaces it (tied weights stay tied)
@@ -150,26 +234,37 @@ def bind(model: Any, fds: list[int]) -> int:
                 )
             new = made.get(id(old))
             if new is None:
-                if entry["image"] < 0:
-                    tensor = torch.empty_strided(entry["size"], entry["stride"], dtype=dtype)
-                else:
-                    key = (entry["image"], entry["offset"])
-                    storage = storages.get(key)
-                    if storage is None:
-                        buffer = maps[entry["image"]]
-                        if buffer is None:
-                            raise RuntimeError(f"no image holds {entry['name']}")
-                        view = torch.frombuffer(buffer, dtype=torch.uint8, count=entry["nbytes"],
-                                                offset=entry["offset"])
-                        storage = storages[key] = view.untyped_storage()
-                    tensor = torch.empty(0, dtype=dtype).set_(
-                        storage, entry["storage_offset"], entry["size"], entry["stride"]
-                    )
-                if entry["kind"] == PARAMETER:
-                    tensor = torch.nn.Parameter(tensor, requires_grad=entry["requires_grad"])
-                new = made[id(old)] = tensor
+                new = made[id(old)] = _tensor(entry, dtype, images, opened, storages)
             setattr(owner, leaf, new)
     left = [name for name, _, tensor in _named_tensors(root) if tensor.device.type == "meta"]
     if left:
         raise RuntimeError(f"no weights arrived for {', '.join(left[:5])}: the mapped design cannot serve this model")
     return len(made)
+
+
+def _tensor(entry: dict[str, Any], dtype: Any, images: list, opened: list, storages: dict) -> Any:
+    import torch
+
+    index = entry["image"]
+    if index < 0:
+        tensor = torch.empty_strided(entry["size"], entry["stride"], dtype=dtype, device=entry["device"])
+    elif images[index]["kind"] == "cuda":
+        # The whole image is one storage; the entry's offset was folded into storage_offset.
+        whole = opened[index]
+        tensor = torch.empty(0, dtype=dtype, device=whole.device).set_(
+            whole.untyped_storage(), entry["storage_offset"], entry["size"], entry["stride"])
+    else:
+        key = (index, entry["offset"])
+        storage = storages.get(key)
+        if storage is None:
+            buffer = opened[index]
+            if buffer is None:
+                raise RuntimeError(f"no image holds {entry['name']}")
+            view = torch.frombuffer(buffer, dtype=torch.uint8, count=entry["nbytes"], offset=entry["offset"])
+            storage = storages[key] = view.untyped_storage()
+        tensor = torch.empty(0, dtype=dtype).set_(storage, entry["storage_offset"], entry["size"], entry["stride"])
+        if entry["device"] != "cpu":
+            tensor = tensor.to(entry["device"])  # a buffer of a device: this job's own copy there
+    if entry["kind"] == PARAMETER:
+        tensor = torch.nn.Parameter(tensor, requires_grad=entry["requires_grad"])
+    return tensor

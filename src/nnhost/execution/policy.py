@@ -49,15 +49,15 @@ class WorkerPolicy:
     def design(self, device: str) -> Design:
         """The design for a model whose home is ``device``.
 
-        ``auto`` is fork on the CPU. Accelerators need the mapped design, whose
-        device memory export is not built yet: they run in the host, as before.
+        ``auto`` is fork on the CPU and in-process on accelerators: the mapped
+        design's device half (`cuda_handles`) has not yet run on a GPU, so an
+        accelerator gets it only when the operator asks for ``mapped``.
         """
         if not self.containment:
             return Design.IN_PROCESS
-        on_cpu = device == "cpu"
-        if self.execution == Design.MAPPED.value and on_cpu:
+        if self.execution == Design.MAPPED.value and (device == "cpu" or device.startswith("cuda")):
             return Design.MAPPED
-        return Design.FORK if on_cpu else Design.IN_PROCESS
+        return Design.FORK if device == "cpu" else Design.IN_PROCESS
 
     def __post_init__(self) -> None:
         if isinstance(self.limits, dict):
