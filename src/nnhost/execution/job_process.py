@@ -83,6 +83,12 @@ def live(
         from .worker import warm_up
 
         warm_up(runner.model, runner)
+        import gc
+
+        # What the warm-up made stays for the job: no collection walks it again
+        # (in the mapped design that includes the tree's weights, bound here).
+        gc.collect()
+        gc.freeze()
         channel.send({"type": "ready", "containment": report.to_dict()})
         message, fds = channel.recv()
         if message is None:
