@@ -60,6 +60,12 @@ def _descendants(pid: int, table) -> list[int]:
     return out
 
 
+def _templates(table, hosts: list[int]) -> list[int]:
+    """Template processes: the hosts' children (a job's process, its fork, shares its command line)."""
+    return [p for p, (parent, command) in table.items()
+            if parent in hosts and "nnhost.execution.template" in command]
+
+
 def _maps_weights(pid: int) -> bool:
     with open(f"/proc/{pid}/maps") as file:
         return "nnhost-weights" in file.read()
@@ -91,7 +97,7 @@ def test_no_job_runs_in_the_process_that_holds_the_weights(mapped_server, remote
             table = _processes()
             tree = _descendants(mapped_server.process.pid, table)
             hosts = [p for p in tree if "nnhost.execution.host" in table[p][1]]
-            templates = [p for p in tree if "nnhost.execution.template" in table[p][1]]
+            templates = _templates(table, hosts)
             if hosts and templates:
                 jobs = _descendants(templates[0], table)
                 if jobs:
@@ -120,3 +126,31 @@ def test_no_job_runs_in_the_process_that_holds_the_weights(mapped_server, remote
     # The host and every job's process map the weights; the template never does.
     assert seen["host maps"] and not seen["template maps"]
     assert all(seen["jobs map"]) and seen["jobs map"]
+
+
+def test_a_dead_template_is_replaced_and_the_model_serves_again(mapped_server, remote_model, local_model):
+    import signal
+
+    import torch
+
+    def templates() -> list[int]:
+        table = _processes()
+        tree = _descendants(mapped_server.process.pid, table)
+        return _templates(table, [p for p in tree if "nnhost.execution.host" in table[p][1]])
+
+    mapped_server.wait_running(60)
+    first = templates()
+    assert len(first) == 1
+    os.kill(first[0], signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not templates() or templates() == first):
+        time.sleep(0.2)
+    assert templates() and templates() != first, "no new template was started"
+    mapped_server.wait_running(120)
+
+    def program(model, remote):
+        with model.trace("The Eiffel Tower is in the city of", remote=remote):
+            out = model.transformer.h[1].output.save()
+        return out
+
+    assert torch.equal(program(remote_model, mapped_server.url), program(local_model, False))

@@ -189,8 +189,9 @@ class Template:
         """Pass the replica's messages to the template and its answers back, until either ends.
 
         The weights stay where they were exported (``device``): every ready job
-        process has mapped them there. A request to move them ends the host,
-        saying why, and the replica starts a new one.
+        process has mapped them there. A request to move them, or the
+        template's end, ends the host (saying why in the server's log), and
+        the replica starts a new one.
         """
         sockets = {control.sock: (control, self.channel), self.channel.sock: (self.channel, control)}
         while True:
@@ -204,8 +205,11 @@ class Template:
                 try:
                     if message is None:
                         if source is self.channel:
-                            control.send({"type": "state", "state": "UNHEALTHY", "description": (
-                                f"The template process ended ({describe_status(self.process)}).")})
+                            # Not UNHEALTHY (that would mean the model cannot load): this
+                            # host ends too, and the replica starts both again.
+                            print(f"nnhost host {os.getpid()}: the template process ended "
+                                  f"({describe_status(self.process)}); restarting", file=sys.stderr, flush=True)
+                            os._exit(3)
                         return
                     if source is control and message.get("type") == "place":
                         wanted = str(message.get("device", device))
@@ -213,10 +217,10 @@ class Template:
                             control.send({"type": "state", "state": "RUNNING", "description": (
                                 f"Weights on {device} (every job's process maps them).")})
                             continue
-                        control.send({"type": "state", "state": "UNHEALTHY", "description": (
-                            f"The mapped design keeps the weights where they were loaded ({device}); "
-                            f"moving them to {wanted} needs a new host process.")})
-                        return
+                        print(f"nnhost host {os.getpid()}: the mapped design keeps the weights where "
+                              f"they were loaded ({device}); a new host loads them on {wanted}",
+                              file=sys.stderr, flush=True)
+                        os._exit(3)
                     target.send(message, fds)
                     if source is control and message.get("type") == "stop":
                         self.process.wait(timeout=10)
