@@ -60,6 +60,19 @@ def _descendants(pid: int, table) -> list[int]:
     return out
 
 
+def _serving_hosts(table, tree: list[int]) -> list[int]:
+    """Host processes holding a model (a spare host, prepared for the next one, holds none)."""
+    hosts = []
+    for pid in tree:
+        if "nnhost.execution.host" in table[pid][1]:
+            try:
+                if _maps_weights(pid):
+                    hosts.append(pid)
+            except OSError:
+                pass
+    return hosts
+
+
 def _templates(table, hosts: list[int]) -> list[int]:
     """Template processes: the hosts' children (a job's process, its fork, shares its command line)."""
     return [p for p, (parent, command) in table.items()
@@ -96,7 +109,7 @@ def test_no_job_runs_in_the_process_that_holds_the_weights(mapped_server, remote
         while time.monotonic() < deadline and "table" not in seen:
             table = _processes()
             tree = _descendants(mapped_server.process.pid, table)
-            hosts = [p for p in tree if "nnhost.execution.host" in table[p][1]]
+            hosts = _serving_hosts(table, tree)
             templates = _templates(table, hosts)
             if hosts and templates:
                 jobs = _descendants(templates[0], table)
@@ -136,7 +149,7 @@ def test_a_dead_template_is_replaced_and_the_model_serves_again(mapped_server, r
     def templates() -> list[int]:
         table = _processes()
         tree = _descendants(mapped_server.process.pid, table)
-        return _templates(table, [p for p in tree if "nnhost.execution.host" in table[p][1]])
+        return _templates(table, _serving_hosts(table, tree))
 
     mapped_server.wait_running(60)
     first = templates()
@@ -154,3 +167,37 @@ def test_a_dead_template_is_replaced_and_the_model_serves_again(mapped_server, r
         return out
 
     assert torch.equal(program(remote_model, mapped_server.url), program(local_model, False))
+
+
+def test_a_cold_start_takes_a_prepared_spare_host(mapped_server, remote_model, local_model):
+    """After an evict, the request's deploy uses the spare (which held no model) and a new spare is made."""
+    import httpx
+    import torch
+
+    def hosts():
+        table = _processes()
+        tree = _descendants(mapped_server.process.pid, table)
+        every = [p for p in tree if "nnhost.execution.host" in table[p][1]]
+        return every, _serving_hosts(table, tree)
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(hosts()[0]) < 2:
+        time.sleep(0.2)
+    every, serving = hosts()
+    spares = set(every) - set(serving)
+    assert len(spares) == 1, (every, serving)
+    answer = httpx.post(f"{mapped_server.url}/admin/evict", json={"model": TEST_REPO},
+                        headers={"ndif-api-key": API_KEY}, timeout=30)
+    assert answer.status_code == 200, answer.text
+
+    def program(model, remote):
+        with model.trace("The Eiffel Tower is in the city of", remote=remote):
+            out = model.lm_head.output.save()
+        return out
+
+    assert torch.equal(program(remote_model, mapped_server.url), program(local_model, False))
+    _, serving = hosts()
+    assert serving == list(spares), "the deploy did not use the prepared spare"
+    while time.monotonic() < deadline and len(hosts()[0]) < 2:
+        time.sleep(0.2)
+    assert len(hosts()[0]) == 2, "no new spare was prepared"

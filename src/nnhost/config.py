@@ -180,6 +180,9 @@ class Settings(BaseSettings):
     #: holding the weights), "mapped" (forked from a template without weights,
     #: mapping them by handle; see docs), or "auto" (fork on the CPU).
     execution: Literal["auto", "fork", "mapped"] = "auto"
+    #: Host processes kept started and prepared (libraries imported) so that a cold
+    #: start only loads the weights; each holds a few hundred MB of memory (0: none).
+    spare_hosts: int = Field(1, ge=0, le=8)
     #: Top-level modules user code may import (nnsight is always allowed).
     allowed_imports: Names = Field(default_factory=lambda: list(DEFAULT_ALLOWED_IMPORTS))
     #: Memory one job may use on top of the loaded worker (0: 8 GiB).

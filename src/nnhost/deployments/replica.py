@@ -25,16 +25,14 @@ signal follows the thread that forked, not the process).
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict
 from typing import Any, Optional
 
 from ..execution.cgroups import JobGroups
-from ..execution.channel import BadMessage, Channel, close_all, pair
+from ..execution.channel import BadMessage, Channel, close_all
 from ..execution.events import JobSpec
 from ..execution.handoff import send_job
 from ..execution.job_process import describe_exit
@@ -44,6 +42,7 @@ from .contract import OnIdle, OnIncident, OnJobEvent, OnState, ReplicaState, Rep
 from .incidents import Incident
 from .job_watch import JobWatch, LogLines
 from .slots import JobProcesses, Slot
+from .spare_hosts import SPARES, clean_environment, start_host
 
 
 #: Only these reach the host process's environment (it gets nothing else of the server's).
@@ -190,17 +189,14 @@ class LocalReplica(JobProcesses):
     # -- the host process -------------------------------------------------------
 
     def _spawn(self) -> None:
-        ours, theirs = pair()
-        env = {key: os.environ[key] for key in HOST_ENVIRONMENT if key in os.environ}
         # A clean exec: the host's argv and environment never held the server's
         # (no --api-key, no NNHOST_* secrets); the model's settings come over the channel.
-        host = subprocess.Popen(
-            [sys.executable, "-m", "nnhost.execution.host", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL, close_fds=True,
-        )
-        theirs.close()
-        control = Channel(ours)
+        env = clean_environment(HOST_ENVIRONMENT)
+        environ = dict(self.options.environ)
+        started = SPARES.take(env, environ) or start_host(env, environ)
+        host, control = started
         control.send({"type": "options", "options": asdict(self.options)})
+        SPARES.keep(env, environ, self.policy.spare_hosts)
         self._generation += 1
         self._host, self._control = host, control
         self._kill_reason = None

@@ -45,6 +45,7 @@ import subprocess
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from .channel import Channel, pair
@@ -62,29 +63,27 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     message, _ = control.recv()
-    if not message or message.get("type") != "options":
+    if not message or message.get("type") != "prepare":
         sys.exit(2)
+    prepared = prepare(dict(message.get("environ") or {}))
+    # A spare host waits here, libraries imported, until a model needs it.
+    message, _ = control.recv()
+    if not message or message.get("type") != "options":
+        sys.exit(0 if message is None else 2)
     options = WorkerOptions(**message["options"])
-    from .policy import Design, WorkerPolicy
+    from .policy import Design
 
-    # The policy travels in the model's environment; taken out before it is applied.
-    policy = WorkerPolicy.from_environ(options.environ)
+    policy, template = prepared.policy, prepared.template
     design = policy.design(options.home_device)
-    # Before anything is imported or loaded: the template must not inherit it.
-    template = start_template(options, policy) if design is Design.MAPPED else None
-    os.environ.update(options.environ)
+    if design is Design.MAPPED and template is None:
+        template = start_template(prepared.environ, policy)
+    elif design is not Design.MAPPED and template is not None:
+        template.stop()
+        template = None
+    if template is not None:
+        template.send_options(options)
     fork_mode = design is Design.FORK
-    namespaces_problem = None
-    if policy.containment:
-        from .containment import enter_private_namespaces
-
-        namespaces_problem = enter_private_namespaces()
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        import multiprocessing
-
-        # Libraries make multiprocessing locks at import (tqdm): under "fork"
-        # no resource-tracker process is started outside the containment.
-        multiprocessing.set_start_method("fork", force=True)
+    namespaces_problem = prepared.namespaces_problem
     containment: dict = {}
 
     def state(payload: dict) -> None:
@@ -151,6 +150,58 @@ def main() -> None:
         serve_in_process(control, model, runner, guard)
 
 
+@dataclass
+class Prepared:
+    """A host made ready for any model of this server: environment applied, libraries imported."""
+
+    environ: dict
+    policy: Any
+    template: Optional["Template"]
+    namespaces_problem: Optional[str]
+
+
+def prepare(environ: dict) -> Prepared:
+    """Everything a host does before it knows its model, so that a spare can do it ahead of time.
+
+    The policy travels in the environment and is taken out before it is
+    applied. In the mapped design the template is started first, so that it
+    imports in parallel.
+    """
+    from .policy import WorkerPolicy
+
+    policy = WorkerPolicy.from_environ(environ)
+    template = None
+    if policy.containment and policy.execution == "mapped":
+        template = start_template(environ, policy)
+    os.environ.update(environ)
+    namespaces_problem = None
+    if policy.containment:
+        from .containment import enter_private_namespaces
+
+        namespaces_problem = enter_private_namespaces()
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        import multiprocessing
+
+        # Libraries make multiprocessing locks at import (tqdm): under "fork"
+        # no resource-tracker process is started outside the containment.
+        multiprocessing.set_start_method("fork", force=True)
+    preload(policy)
+    return Prepared(environ, policy, template, namespaces_problem)
+
+
+def preload(policy: Any) -> None:
+    """Import what loading and serving a model imports (the slow part of a cold start)."""
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    from nnsight.modeling.mixins.remotable import Remotable  # noqa: F401
+
+    for name in policy.allowed_imports if policy.containment else ():
+        try:
+            __import__(name)
+        except Exception:
+            pass
+
+
 def _export(model: Any) -> Any:
     from .mapped_weights import export
 
@@ -163,6 +214,16 @@ class Template:
     def __init__(self, process: subprocess.Popen[bytes], channel: Channel) -> None:
         self.process = process
         self.channel = channel
+
+    def send_options(self, options: WorkerOptions) -> None:
+        from dataclasses import asdict
+
+        self.channel.send({"type": "options", "options": asdict(options)})
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
+        self.channel.close()
 
     def _expect(self, wanted: str) -> dict:
         message, fds = self.channel.recv()
@@ -230,7 +291,8 @@ class Template:
                         os.close(fd)
 
 
-def start_template(options: WorkerOptions, policy: Any) -> Template:
+def start_template(environ: dict, policy: Any) -> Template:
+    """Start the template with this host's clean environment; it applies ``environ`` itself."""
     from dataclasses import asdict
 
     ours, theirs = pair()
@@ -240,7 +302,7 @@ def start_template(options: WorkerOptions, policy: Any) -> Template:
     )
     theirs.close()
     channel = Channel(ours)
-    channel.send({"type": "options", "options": asdict(options), "policy": asdict(policy)})
+    channel.send({"type": "prepare", "environ": environ, "policy": asdict(policy)})
     return Template(process, channel)
 
 

@@ -45,6 +45,9 @@ class WorkerPolicy:
     test_hooks: bool = False
     #: The operator's choice of design: "auto", "fork" or "mapped" (see `design`).
     execution: str = "auto"
+    #: Host processes kept prepared for the next cold start (`deployments.spare_hosts`);
+    #: read by the replica, which starts them.
+    spare_hosts: int = 0
 
     def design(self, device: str) -> Design:
         """The design for a model whose home is ``device``.
@@ -105,6 +108,7 @@ def policy_from_settings(settings: Any) -> WorkerPolicy:
         limits=limits,
         test_hooks=bool(getattr(settings, "unsafe_test_hooks", False)),
         execution=str(getattr(settings, "execution", "auto") or "auto"),
+        spare_hosts=int(getattr(settings, "spare_hosts", 0) or 0),
     )
 
 

@@ -18,8 +18,11 @@ torch, and tells it the model. The template:
 
 It talks only to the host, which relays between it and the replica: the
 same ``fork``/``discard``/``stop`` and ``slot``/``exit`` messages as the
-fork design's host, plus ``weights`` (host to template, with the handles)
-and ``state`` (the template's own: ready, or why it failed).
+fork design's host, plus, from the host, ``prepare`` (the environment and
+policy: it imports the libraries then, before any model is named, so that a
+spare host's template is ready too), ``options`` (the model) and
+``weights`` (with the handles), and to the host ``state`` (the template's
+own: ready, or why it failed).
 
 It never maps the weights itself, never touches a device, and never runs
 user code.
@@ -45,14 +48,13 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     message, _ = channel.recv()
-    if not message or message.get("type") != "options":
+    if not message or message.get("type") != "prepare":
         sys.exit(2)
     from .policy import WorkerPolicy
     from .worker import WorkerOptions
 
-    options = WorkerOptions(**message["options"])
     policy = WorkerPolicy(**message["policy"])
-    os.environ.update(options.environ)
+    os.environ.update(message.get("environ") or {})
     from .containment import enter_private_namespaces
 
     namespaces_problem = enter_private_namespaces()
@@ -60,6 +62,14 @@ def main() -> None:
     import multiprocessing
 
     multiprocessing.set_start_method("fork", force=True)
+    from .host import preload
+
+    preload(policy)
+    # A spare host's template waits here too, until the host is given its model.
+    message, _ = channel.recv()
+    if not message or message.get("type") != "options":
+        sys.exit(0 if message is None else 2)
+    options = WorkerOptions(**message["options"])
 
     def state(name: str, description: str, **extra: object) -> None:
         channel.send({"type": "state", "state": name, "description": description, **extra})
