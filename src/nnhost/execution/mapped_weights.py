@@ -26,12 +26,13 @@ different models.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from .weights import WeightImage, pack_storages
 
@@ -268,3 +269,37 @@ def _tensor(entry: dict[str, Any], dtype: Any, images: list, opened: list, stora
     if entry["kind"] == PARAMETER:
         tensor = torch.nn.Parameter(tensor, requires_grad=entry["requires_grad"])
     return tensor
+
+
+@contextlib.contextmanager
+def stand_ins(model: Any) -> Iterator[None]:
+    """For the template's warm-up: every meta tensor of the tree as zeros that take no memory.
+
+    Each stand-in is one zero element broadcast to the tensor's shape (stride
+    0), on the CPU, so a forward pass runs (to zeros) without a weight in the
+    process and without a device. The meta tensors are put back after.
+    """
+    import torch
+
+    root = model._module
+    kept: list[tuple[Any, str, Any]] = []
+    made: dict[int, Any] = {}
+    try:
+        with torch.no_grad():
+            for name, kind, tensor in _named_tensors(root):
+                if tensor.device.type != "meta":
+                    continue
+                owner_name, _, leaf = name.rpartition(".")
+                owner = root.get_submodule(owner_name) if owner_name else root
+                stand_in = made.get(id(tensor))
+                if stand_in is None:
+                    stand_in = torch.zeros((), dtype=tensor.dtype).expand(tensor.shape)
+                    if kind == PARAMETER:
+                        stand_in = torch.nn.Parameter(stand_in, requires_grad=False)
+                    made[id(tensor)] = stand_in
+                kept.append((owner, leaf, tensor))
+                setattr(owner, leaf, stand_in)
+        yield
+    finally:
+        for owner, leaf, tensor in reversed(kept):
+            setattr(owner, leaf, tensor)

@@ -91,13 +91,17 @@ def main() -> None:
         for fd in fds:
             os.close(fd)
         sys.exit(0 if message is None else 2)
-    # A request of our own on the weightless tree, so that what can be done
-    # once (nnsight compiling the trace, the unpickler and the serializer's
-    # first use) is done here and inherited by every job's process. The
-    # forward pass stops at the first value it needs (meta tensors have none).
+    # A request of our own, so that what can be done once (nnsight compiling
+    # the trace, torch's first use of each operation, the unpickler and the
+    # serializer) is done here and inherited by every job's process. It runs
+    # on stand-ins that hold no weights (zeros of stride 0), on the CPU.
+    from .mapped_weights import stand_ins
     from .worker import warm_up
 
-    warm_up(model, runner)
+    with stand_ins(model):
+        problem = warm_up(model, runner)
+    if problem:
+        print(f"nnhost template {os.getpid()}: no warm-up ({problem[-300:]})", file=sys.stderr, flush=True)
     import gc
 
     gc.collect()
