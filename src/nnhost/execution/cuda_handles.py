@@ -31,7 +31,6 @@ there would make every fork unsafe. Nothing here runs user code.
 from __future__ import annotations
 
 import ctypes
-import os
 from typing import Any, Optional
 
 CU_MEM_ALLOCATION_TYPE_PINNED = 1
@@ -183,10 +182,3 @@ class _ArrayInterface:
             "strides": None,
         }
 
-
-def close_all(fds: list[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass

@@ -173,6 +173,15 @@ def prepare(environ: dict) -> Prepared:
     template = None
     if policy.containment and policy.execution == "mapped":
         template = start_template(environ, policy)
+    namespaces_problem = enter_environment(environ, policy)
+    return Prepared(environ, policy, template, namespaces_problem)
+
+
+def enter_environment(environ: dict, policy: Any) -> Optional[str]:
+    """Apply ``environ``, enter the private namespaces, import the libraries (host and template).
+
+    Returns why the namespaces could not be entered, or None.
+    """
     os.environ.update(environ)
     namespaces_problem = None
     if policy.containment:
@@ -185,11 +194,11 @@ def prepare(environ: dict) -> Prepared:
         # Libraries make multiprocessing locks at import (tqdm): under "fork"
         # no resource-tracker process is started outside the containment.
         multiprocessing.set_start_method("fork", force=True)
-    preload(policy)
-    return Prepared(environ, policy, template, namespaces_problem)
+    _preload(policy)
+    return namespaces_problem
 
 
-def preload(policy: Any) -> None:
+def _preload(policy: Any) -> None:
     """Import what loading and serving a model imports (the slow part of a cold start)."""
     import torch  # noqa: F401
     import transformers.pipelines  # noqa: F401  (nnsight builds a pipeline: 1.6 s of imports here)

@@ -34,7 +34,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .weights import WeightImage, pack_storages
+from .weights import WeightImage, pack_storages, seal
 
 PARAMETER, BUFFER, ATTRIBUTE = "parameter", "buffer", "attribute"
 
@@ -171,11 +171,9 @@ def export(model: Any) -> ExportedWeights:
 
 
 def _sealed(data: bytes) -> int:
-    import fcntl
-
     fd = os.memfd_create("nnhost-weight-layout", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.write(fd, data)
-    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+    seal(fd)
     return fd
 
 

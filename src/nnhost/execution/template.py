@@ -54,17 +54,9 @@ def main() -> None:
     from .worker import WorkerOptions
 
     policy = WorkerPolicy(**message["policy"])
-    os.environ.update(message.get("environ") or {})
-    from .containment import enter_private_namespaces
+    from .host import enter_environment
 
-    namespaces_problem = enter_private_namespaces()
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import multiprocessing
-
-    multiprocessing.set_start_method("fork", force=True)
-    from .host import preload
-
-    preload(policy)
+    namespaces_problem = enter_environment(message.get("environ") or {}, policy)
     # A spare host's template waits here too, until the host is given its model.
     message, _ = channel.recv()
     if not message or message.get("type") != "options":

@@ -90,6 +90,15 @@ class WeightImage:
         return tensor.untyped_storage().data_ptr() - base
 
 
+def seal(fd: int) -> None:
+    """Seal a memfd: not even a process holding the descriptor can change or resize it."""
+    fcntl.fcntl(
+        fd,
+        fcntl.F_ADD_SEALS,
+        fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL,
+    )
+
+
 def pack_storages(tensors: Iterable[Any], align: int = 64) -> Optional[tuple]:
     """Copy the storages of CPU ``tensors`` into one new memfd, sealed against any change.
 
@@ -130,12 +139,7 @@ def pack_storages(tensors: Iterable[Any], align: int = 64) -> Optional[tuple]:
                 del target
         finally:
             writer.close()
-        # Sealed: not even a process holding the fd can change the weights.
-        fcntl.fcntl(
-            fd,
-            fcntl.F_ADD_SEALS,
-            fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL,
-        )
+        seal(fd)
     except BaseException:
         os.close(fd)
         raise
