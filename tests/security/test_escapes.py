@@ -406,10 +406,8 @@ def case_memory_bomb_one_allocation(model, url):
         out = big.sum().save()
 
 
-@case(r"ran out of the memory this server allows one request")
-def case_memory_bomb_many_allocations(model, url):
-    with model.trace(PROMPT, remote=url):
-        chunks = [torch.ones(2**26) for _ in range(64)]  # 256 MiB each
+# Many allocations, none over the limit alone: `test_isolation.TestMemoryByManyAllocations`
+# (a server with a smaller budget, reached before its time limit on a slow machine).
 
 
 @case(r"daemonic processes are not allowed to have children|Resource temporarily unavailable")

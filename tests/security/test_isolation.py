@@ -348,6 +348,28 @@ class TestMemoryBySharedMappings:
         assert "ran out of the memory" in final["description"], final
 
 
+class TestMemoryByManyAllocations:
+    """Through the real client: no allocation is over the limit, their sum is.
+
+    On this server's 512 MiB the limit is reached in well under its time limit
+    even where fresh memory is slow to touch (a virtual machine's first use of
+    a page costs several times a reused one's).
+    """
+
+    def test_the_job_ends_as_out_of_memory(self, next_user_is_served, remote_model):
+        import nnsight
+        import torch
+        from nnsight.intervention.backends.remote import RemoteError
+
+        from .helpers import PROMPT
+
+        with pytest.raises(RemoteError) as caught:
+            with remote_model.trace(PROMPT, remote=next_user_is_served.url):
+                chunks = [torch.ones(2**24) for _ in range(64)]  # 64 MiB each, 4 GiB in all
+                nnsight.save(len(chunks))
+        assert "ran out of the memory this server allows one request" in str(caught.value)
+
+
 class TestOutputIntoTheServerLog:
     SOURCE = """
         import os, warnings
