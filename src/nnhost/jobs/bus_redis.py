@@ -100,8 +100,8 @@ class RedisEventBus:
             await self._redis.delete(self._owner_key(session_id))
         self._sessions.clear()
         if self._pubsub is not None:
-            # redis-py leaves PubSub.aclose unannotated (its Redis.aclose is typed).
-            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+            # redis-py before 8.2 leaves PubSub.aclose unannotated; later ones type it.
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
         await self._redis.aclose()
 
     # -- sessions ----------------------------------------------------------------------
