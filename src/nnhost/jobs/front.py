@@ -87,6 +87,7 @@ class JobFront:
     async def submit(
         self, principal: Principal, submission: Submission, blob: bytes, base_url: str
     ) -> Job:
+        self._check_model_class(submission.model_key)
         key = ModelKey.parse(submission.model_key)
         spec = self.catalog.match(key)
         if spec is None:
@@ -121,6 +122,27 @@ class JobFront:
         self.observers.noted(job)
         self.link.accepted(job)
         return job  # as accepted: the answer to the request is RECEIVED (PROTOCOL.md)
+
+    def _check_model_class(self, model_key: str) -> None:
+        """Refuse a key whose wrapper class no deployment here is loaded as.
+
+        Checked before the key's own part is parsed: only nnsight's transformers
+        and diffusers wrappers key themselves with JSON, so a class such as
+        ``VLLM`` (keyed by a bare repo id) would otherwise be told its key is
+        malformed, when the truth is that no engine for it runs here.
+        """
+        if not isinstance(model_key, str) or ":" not in model_key:
+            return  # malformed: ModelKey.parse says how
+        model_class = model_key.split(":", 1)[0]
+        served = sorted({spec.model_class for spec in self.catalog})
+        if model_class in served:
+            return
+        names = ", ".join(name.rsplit(".", 1)[-1] for name in served) or "none"
+        raise UnknownModel(
+            f"This server does not run nnsight's {model_class.rsplit('.', 1)[-1]} models "
+            f"({model_class}): no engine for them is configured here. It serves models "
+            f"loaded as {names}: {self.catalog.describe()}."
+        )
 
     # -- reading ---------------------------------------------------------------
 
