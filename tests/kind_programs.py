@@ -1,0 +1,65 @@
+"""The programs the model-kind tests run, both through the server and locally.
+
+Imported by the test process (the local side) and by the client subprocess
+(`kinds.run_client`, the remote side), so both run exactly the same code. Each
+program takes the model and ``remote`` and returns what it saved.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+MASKED = "The Eiffel Tower is in the city of [MASK]."
+SENTENCE = "The quick brown fox jumps over the lazy dog."
+
+#: Each kind: the Hub-style id it is served under, and how a user opens it.
+KINDS = {
+    "fill-mask": ("nnhost-test/tiny-bert", {"task": "fill-mask", "attn_implementation": "eager"}),
+    "classifier": ("nnhost-test/tiny-bert-classifier", {"task": "text-classification"}),
+}
+
+
+def open_model(kind: str, source: str, **extra):
+    """The nnsight wrapper for ``kind`` from ``source`` (a repo id: meta; a folder: loaded)."""
+    from nnsight import TransformersModel
+
+    _, kwargs = KINDS[kind]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = TransformersModel(source, **kwargs, **extra)
+    if extra.get("dispatch"):
+        for parameter in model._module.parameters():
+            parameter.requires_grad_(False)
+    return model
+
+
+# -- BERT-style encoders ---------------------------------------------------------
+
+
+def encoder_attention(model, remote):
+    """Attention probabilities and hidden states of the encoder, and the whole output.
+
+    The eager attention (which the client asks for, in the request's env)
+    returns its probabilities beside its output.
+    """
+    with model.trace(MASKED, remote=remote):
+        probabilities = model.bert.encoder.layer[0].attention.self.output[1].save()
+        hidden = model.bert.encoder.layer[-1].output.save()
+        output = model.output.save()
+    return {"probabilities": probabilities, "hidden": hidden, "output": output}
+
+
+def encoder_patch(model, remote):
+    """Zero the first layer's output at the masked position; read the prediction there."""
+    with model.trace(MASKED, remote=remote):
+        model.bert.encoder.layer[0].output[:, -3] = 0
+        patched = model.output.logits[:, -3].save()
+    return {"patched": patched}
+
+
+def classifier_output(model, remote):
+    """A classifier's pooled representation and its whole output (logits, by label)."""
+    with model.trace(SENTENCE, remote=remote):
+        pooled = model.bert.pooler.output.save()
+        output = model.output.save()
+    return {"pooled": pooled, "output": output}
