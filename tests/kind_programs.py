@@ -16,6 +16,7 @@ SENTENCE = "The quick brown fox jumps over the lazy dog."
 KINDS = {
     "fill-mask": ("nnhost-test/tiny-bert", {"task": "fill-mask", "attn_implementation": "eager"}),
     "classifier": ("nnhost-test/tiny-bert-classifier", {"task": "text-classification"}),
+    "vision-language": ("nnhost-test/tiny-llava", {"task": "image-text-to-text"}),
 }
 
 
@@ -63,3 +64,41 @@ def classifier_output(model, remote):
         pooled = model.bert.pooler.output.save()
         output = model.output.save()
     return {"pooled": pooled, "output": output}
+
+
+# -- vision-language models -------------------------------------------------------
+
+CAPTION = "<image> The Eiffel Tower is in the city of"
+
+
+def picture():
+    """A PIL image as a user's program makes one: decoded from a PNG file's bytes."""
+    import io
+
+    from PIL import Image
+
+    drawn = Image.new("RGB", (20, 24), (200, 30, 90))
+    drawn.paste((10, 220, 40), (4, 4, 14, 12))
+    encoded = io.BytesIO()
+    drawn.save(encoded, format="PNG")
+    encoded.seek(0)
+    return Image.open(encoded)
+
+
+def vision_language_read(model, remote):
+    """The vision tower's and the language model's activations for an image and a prompt."""
+    with model.trace(text=CAPTION, images=[picture()], remote=remote):
+        vision = model.model.vision_tower.encoder.layers[-1].output.save()
+        projected = model.model.multi_modal_projector.output.save()
+        language = model.model.language_model.layers[0].output.save()
+        output = model.output.save()
+    return {"vision": vision, "projected": projected, "language": language, "output": output}
+
+
+def vision_language_patch(model, remote):
+    """Blank the image's features in the tower and steer the language model's last position."""
+    with model.trace(text=CAPTION, images=[picture()], remote=remote):
+        model.model.vision_tower.encoder.layers[-1].output[:] = 0
+        model.model.language_model.layers[0].output[:, -1] += 1.0
+        logits = model.lm_head.output[:, -1].save()
+    return {"logits": logits}

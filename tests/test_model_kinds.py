@@ -30,11 +30,13 @@ def _toml(entries: list[dict]) -> str:
 @pytest.fixture(scope="module")
 def kinds_home(root):
     from nnhost.models.tiny_encoder import build_tiny_bert
+    from nnhost.models.tiny_vlm import build_tiny_llava
 
     home = root / "kinds-hf"
     return {
         "fill-mask": build_tiny_bert(programs.KINDS["fill-mask"][0], home),
         "classifier": build_tiny_bert(programs.KINDS["classifier"][0], home, classifier=True),
+        "vision-language": build_tiny_llava(programs.KINDS["vision-language"][0], home),
         "home": home,
     }
 
@@ -86,3 +88,21 @@ def test_fill_mask_encoder_patch(kinds_server, kinds_home, tmp_path):
 def test_classifier_reads_pooled_output_and_labels(kinds_server, kinds_home, tmp_path):
     result = both(kinds_server, kinds_home, "classifier", programs.classifier_output, tmp_path)
     assert result["output"].logits.shape == (1, 2)
+
+
+# -- vision-language models ------------------------------------------------------
+
+
+def test_vision_language_reads_the_tower_and_the_language_model(kinds_server, kinds_home, tmp_path):
+    result = both(kinds_server, kinds_home, "vision-language", programs.vision_language_read, tmp_path)
+    # The image reached the model: its patches (and the class token) came out of the tower.
+    assert result["vision"].shape[:2] == (1, 5)
+    assert result["projected"].shape[1] == 4
+
+
+def test_vision_language_patches_the_tower_and_the_language_model(kinds_server, kinds_home, tmp_path):
+    logits = both(kinds_server, kinds_home, "vision-language", programs.vision_language_patch, tmp_path)["logits"]
+    plain = programs.vision_language_read(
+        programs.open_model("vision-language", str(kinds_home["vision-language"]), dispatch=True), False
+    )["output"].logits[:, -1]
+    assert not torch.allclose(logits, plain), "the patches changed nothing"

@@ -149,6 +149,50 @@ GADGETS = [
         r"an instance of sympy\.",
         id="library-constructor",
     ),
+    # Images travel as data (`unpickling_images`): none of Pillow's callables may be named.
+    pytest.param(
+        lambda: opcodes(stack_global("PIL.Image", "open"), text("/etc/passwd"), b"\x85", b"R"),
+        r"PIL\.Image\.open",
+        id="pil-image-open",
+    ),
+    pytest.param(
+        lambda: opcodes(stack_global("PIL.ImageMath", "unsafe_eval"), text("1"), b"\x85", b"R"),
+        r"PIL\.ImageMath\.unsafe_eval",
+        id="pil-imagemath-eval",
+    ),
+    pytest.param(
+        lambda: opcodes(stack_global("PIL.Image", "Image.frombytes")),
+        r"PIL\.Image\.Image\.frombytes",
+        id="pil-image-method",
+    ),
+    pytest.param(
+        # 60000 x 60000 RGB pixels asked for, three bytes sent: no allocation happens.
+        lambda: opcodes(
+            stack_global("PIL.Image", "Image"), b")", b"\x81", b"]", b"(", b"}", text("RGB"),
+            b"M\x60\xea", b"M\x60\xea", b"\x86", b"N", b"C\x03abc", b"e", b"b",
+        ),
+        r"60000x60000 has 10800000000 bytes of pixels, not 3",
+        id="pil-image-size-bomb",
+    ),
+    pytest.param(
+        # A table as state would set any attribute of the image.
+        lambda: opcodes(
+            stack_global("PIL.PngImagePlugin", "PngImageFile"), b")", b"\x81",
+            b"}", text("fp"), text("/etc/passwd"), b"s", b"b",
+        ),
+        r"a malformed image",
+        id="pil-image-attributes",
+    ),
+    pytest.param(
+        # A second BUILD on a filled image would replace its pixels behind the first's back.
+        lambda: opcodes(
+            stack_global("PIL.Image", "Image"), b")", b"\x81", b"\x94",
+            b"]", b"(", b"}", text("L"), b"K\x01", b"K\x01", b"\x86", b"N", b"C\x01x", b"e", b"b",
+            b"h\x00", b"]", b"(", b"}", text("L"), b"K\x01", b"K\x01", b"\x86", b"N", b"C\x01y", b"e", b"b",
+        ),
+        r"an image filled in twice",
+        id="pil-image-built-twice",
+    ),
     pytest.param(lambda: pickle.dumps({"x": 1}, protocol=4), r"not an nnsight trace", id="not-a-trace"),
     pytest.param(
         lambda: opcodes(text("Module:does.not.exist"), b"Q"),

@@ -65,6 +65,7 @@ from .unpickling_allowlist import (
     _newobj_bases,
     _refuse,
 )
+from .unpickling_images import build_image, image_class_for, is_image, is_image_class
 from .unpickling_reconstructors import checked_reconstructors
 
 __all__ = ["RefusedPayload", "RestrictedUnpickler", "restricted_unpickler"]
@@ -134,6 +135,9 @@ class RestrictedUnpickler(pickle._Unpickler):
             owner = self.find_class(module, name.rsplit(".", 1)[0])
             if isinstance(owner, type):
                 return self._protect(owner.__new__)
+        image_class = image_class_for(module, name)
+        if image_class is not None:
+            return self._protect(image_class)  # made and filled as data only (`unpickling_images`)
         if root in _IMPORT_MACHINERY:
             return self._allow_call(_Inert)
         if module == "builtins":
@@ -248,6 +252,8 @@ class RestrictedUnpickler(pickle._Unpickler):
             return
         if (cls.__module__ or "").split(".")[0] == "nnsight" or cls is typing.ForwardRef:
             return
+        if is_image_class(cls):
+            return
         if issubclass(cls, _newobj_bases()):
             return
         raise _refuse(
@@ -284,6 +290,9 @@ class RestrictedUnpickler(pickle._Unpickler):
         self._check_edit(target, self.stack[-1])
         if isinstance(target, typing.ForwardRef):
             self._build_forward_ref(target, self.stack.pop())
+            return
+        if is_image(target):
+            build_image(target, self.stack.pop())
             return
         pickle._Unpickler.load_build(self)
 
