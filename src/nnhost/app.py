@@ -39,6 +39,7 @@ from .jobs.front import JobFront
 from .jobs.lease import Lease
 from .jobs.relay import DatabaseLink, InProcessLink
 from .jobs.store import JobStore
+from .models.adapters import find_adapter
 from .models.hfcache import find_snapshot
 from .storage.blobs import BlobDir
 from .storage.links import LinkSigner
@@ -317,7 +318,8 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
     account_pages.install(app)
 
     def resolve(repo_id: str, revision: Optional[str]) -> Optional[Path]:
-        if not catalog.hosts_repo(repo_id):
+        # A served PEFT adapter too: the client reads its config to build its meta model.
+        if not catalog.hosts_repo(repo_id) and find_adapter(repo_id, settings.hf_home) is None:
             return None
         return find_snapshot(repo_id, revision, settings.hf_home)
 

@@ -36,6 +36,10 @@ class JobSpec:
     result_fd: int = -1
     #: At most this many LOG lines are forwarded from one job.
     max_log_lines: int = 10_000
+    #: The snapshot of the PEFT adapter ``env`` names, found by the server
+    #: (`models.adapters`); the job's process gets its files as descriptors.
+    adapter_path: str = ""
+    adapter_fds: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -188,9 +188,13 @@ class Runner:
     def _run(self, spec: JobSpec, emit: Emit) -> None:
         started = time.perf_counter()
         meta: dict = {}
+        adapter: Optional[str] = None
         try:
-            tracer = self._deserialize(spec)
-            self._apply_env(spec.env)
+            # The env first: a request for an adapted model names the adapter's
+            # modules, which exist only once the adapter is in the tree.
+            adapter = self._unpack_adapter(spec)
+            self._apply_env(spec.env, adapter)
+            tracer = self._deserialize(spec, adapter is not None)
             emit(JobEvent(spec.job_id, "RUNNING", "Running your request."))
             with MemoryMeter() as meter:
                 execution_started = time.perf_counter()
@@ -251,8 +255,24 @@ class Runner:
             emit(JobEvent(spec.job_id, "ERROR", description, meta=meta))
         finally:
             self._restore_env()
+            if adapter is not None:
+                import shutil
 
-    def _deserialize(self, spec: JobSpec) -> Any:
+                shutil.rmtree(adapter, ignore_errors=True)
+
+    def _unpack_adapter(self, spec: JobSpec) -> Optional[str]:
+        from .handoff import unpack_adapter
+
+        if spec.env and spec.env.get("peft") is not None and not spec.adapter_fds:
+            raise UserError(
+                "This replica cannot apply a PEFT adapter: the server handed it no adapter files."
+            )
+        try:
+            return unpack_adapter(spec)
+        except OSError as error:
+            raise UserError(f"The server could not hand your request its PEFT adapter: {error}") from None
+
+    def _deserialize(self, spec: JobSpec, tree_changed: bool = False) -> Any:
         from nnsight.schema.request import RequestModel
 
         if spec.payload_fd >= 0:
@@ -262,10 +282,10 @@ class Runner:
             with open(spec.payload_path, "rb") as file:
                 blob = file.read()
         kwargs = {} if self.unpickler is None else {"unpickler": self.unpickler}
+        # An adapter rebuilt the envoy tree: its modules are persistent objects too.
+        objects = self.model._remoteable_persistent_objects() if tree_changed else self.persistent_objects
         try:
-            return RequestModel.deserialize(
-                blob, self.persistent_objects, spec.compress, **kwargs
-            )
+            return RequestModel.deserialize(blob, objects, spec.compress, **kwargs)
         except SandboxViolation as error:
             raise UserError(str(error)) from error
         except RecursionError as error:
@@ -298,9 +318,12 @@ class Runner:
                 "or lists and dicts of them."
             ) from error
 
-    def _apply_env(self, env: dict) -> None:
+    def _apply_env(self, env: dict, adapter: Optional[str] = None) -> None:
+        # The adapter is applied from the copy of its files the server handed
+        # over (the same files the Hub id names in the server's cache).
+        applied = {**(env or {}), "peft": adapter} if adapter is not None else (env or {})
         try:
-            self.model._remoteable_set_env(env or {})
+            self.model._remoteable_set_env(applied)
         except Exception as error:
             raise UserError(f"Could not apply the request's model settings {env!r}: {error}") from None
 

@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Optional, Union, Unpack
 from ..config import Settings
 from ..deployments.manager import HOT, CannotFit, DeploymentManager
 from ..execution.events import JobEvent, JobSpec
+from ..models.adapters import UnknownAdapter, check_adapter
 from ..storage.payloads import JobPayloads
 from ..storage.results import ResultStore
 from .bus import EventBus
@@ -123,7 +124,14 @@ class JobService(Upkeep):
                     "Your request's payload could not be read on this server. Please resubmit it."
                 ))
                 continue
+            try:
+                adapter = check_adapter(job.env, self.settings.hf_home)
+            except UnknownAdapter as error:
+                self.scheduler.finished(name, job.id, ran=False)
+                self._record(job.id, Status.ERROR, str(error))
+                continue
             spec = JobSpec(
+                adapter_path=str(adapter) if adapter is not None else "",
                 job_id=job.id,
                 payload_path=str(payload_path),
                 compress=job.compress,
