@@ -17,17 +17,21 @@ KINDS = {
     "fill-mask": ("nnhost-test/tiny-bert", {"task": "fill-mask", "attn_implementation": "eager"}),
     "classifier": ("nnhost-test/tiny-bert-classifier", {"task": "text-classification"}),
     "vision-language": ("nnhost-test/tiny-llava", {"task": "image-text-to-text"}),
+    "diffusion": ("nnhost-test/tiny-stable-diffusion", {}),
 }
+DIFFUSION_CLASS = "nnsight.modeling.diffusion.DiffusionModel"
 
 
 def open_model(kind: str, source: str, **extra):
     """The nnsight wrapper for ``kind`` from ``source`` (a repo id: meta; a folder: loaded)."""
     from nnsight import TransformersModel
+    from nnsight.modeling.diffusion import DiffusionModel
 
     _, kwargs = KINDS[kind]
+    wrapper = DiffusionModel if kind == "diffusion" else TransformersModel
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = TransformersModel(source, **kwargs, **extra)
+        model = wrapper(source, **kwargs, **extra)
     if extra.get("dispatch"):
         for parameter in model._module.parameters():
             parameter.requires_grad_(False)
@@ -102,3 +106,29 @@ def vision_language_patch(model, remote):
         model.model.language_model.layers[0].output[:, -1] += 1.0
         logits = model.lm_head.output[:, -1].save()
     return {"logits": logits}
+
+
+# -- diffusers pipelines ------------------------------------------------------------
+
+PAINT = "a photo of Paris"
+
+
+def _denoise(model, remote, steer):
+    with model.generate(PAINT, num_inference_steps=2, seed=0, output_type="pt", remote=remote):
+        text = model.text_encoder.encoder.layers[-1].output.save()
+        if steer:
+            # Steer the first denoising step: amplify the UNet's bottleneck.
+            model.unet.mid_block.output[:] *= 3
+        middle = model.unet.mid_block.output.save()
+        noise = model.unet.output[0].save()
+        images = model.output.save()
+    return {"text": text, "middle": middle, "noise": noise, "images": images}
+
+
+def diffusion_read(model, remote):
+    """The text encoder's last layer, the UNet at the first step, and the images."""
+    return _denoise(model, remote, steer=False)
+
+
+def diffusion_steer(model, remote):
+    return _denoise(model, remote, steer=True)

@@ -29,6 +29,7 @@ def _toml(entries: list[dict]) -> str:
 
 @pytest.fixture(scope="module")
 def kinds_home(root):
+    from nnhost.models.tiny_diffusion import build_tiny_stable_diffusion
     from nnhost.models.tiny_encoder import build_tiny_bert
     from nnhost.models.tiny_vlm import build_tiny_llava
 
@@ -37,6 +38,7 @@ def kinds_home(root):
         "fill-mask": build_tiny_bert(programs.KINDS["fill-mask"][0], home),
         "classifier": build_tiny_bert(programs.KINDS["classifier"][0], home, classifier=True),
         "vision-language": build_tiny_llava(programs.KINDS["vision-language"][0], home),
+        "diffusion": build_tiny_stable_diffusion(programs.KINDS["diffusion"][0], home),
         "home": home,
     }
 
@@ -48,8 +50,10 @@ def kinds_server(root, kinds_home):
     # The first is HOT (so the server reports ready), the rest deployed on first request.
     entries = [
         {"repo_id": repo, "task": kwargs["task"], "deploy": "hot" if index == 0 else "cold"}
-        for index, (repo, kwargs) in enumerate(programs.KINDS.values())
+        for index, (repo, kwargs) in enumerate(programs.KINDS.values()) if "task" in kwargs
     ]
+    entries.append({"repo_id": programs.KINDS["diffusion"][0], "model_class": programs.DIFFUSION_CLASS,
+                    "deploy": "cold"})
     (data / "nnhost.toml").write_text(_toml(entries))
     process = ServerProcess([], data_dir=data, hf_home=kinds_home["home"], api_key=API_KEY,
                             extra_args=["--time-limit", "60"])
@@ -106,3 +110,19 @@ def test_vision_language_patches_the_tower_and_the_language_model(kinds_server, 
         programs.open_model("vision-language", str(kinds_home["vision-language"]), dispatch=True), False
     )["output"].logits[:, -1]
     assert not torch.allclose(logits, plain), "the patches changed nothing"
+
+
+# -- diffusers pipelines -----------------------------------------------------------
+
+
+def test_diffusion_reads_the_text_encoder_the_unet_and_the_images(kinds_server, kinds_home, tmp_path):
+    result = both(kinds_server, kinds_home, "diffusion", programs.diffusion_read, tmp_path)
+    assert result["images"].images.shape == (1, 3, 16, 16)
+
+
+def test_diffusion_steers_a_denoising_step(kinds_server, kinds_home, tmp_path):
+    steered = both(kinds_server, kinds_home, "diffusion", programs.diffusion_steer, tmp_path)
+    plain = programs.diffusion_read(
+        programs.open_model("diffusion", str(kinds_home["diffusion"]), dispatch=True), False
+    )
+    assert not torch.allclose(steered["images"].images, plain["images"].images), "the steer changed nothing"
