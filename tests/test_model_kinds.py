@@ -126,3 +126,20 @@ def test_diffusion_steers_a_denoising_step(kinds_server, kinds_home, tmp_path):
         programs.open_model("diffusion", str(kinds_home["diffusion"]), dispatch=True), False
     )
     assert not torch.allclose(steered["images"].images, plain["images"].images), "the steer changed nothing"
+
+
+def test_a_pipeline_is_sized_as_all_its_components(kinds_server, kinds_home):
+    from nnhost.deployments.sizing import tensor_bytes
+
+    sizes = tensor_bytes(kinds_home["diffusion"])
+    assert {name.split("/", 1)[0] for name in sizes} == {"text_encoder", "unet", "vae"}
+    local = programs.open_model("diffusion", str(kinds_home["diffusion"]), dispatch=True)
+    weights = sum(
+        parameter.numel() * parameter.element_size()
+        for component in (local.pipeline.unet, local.pipeline.vae, local.pipeline.text_encoder)
+        for parameter in component.parameters()
+    )
+    assert sum(sizes.values()) == weights
+    # The server places the pipeline by that size (plus its margin), never as nothing.
+    entry = kinds_server.status()["deployments"][programs.KINDS["diffusion"][0]]
+    assert entry["size_bytes"] >= weights

@@ -54,11 +54,41 @@ def _width(name: Optional[str]) -> Optional[float]:
     return QUANTIZATION_BYTES.get(name) or _TORCH_BYTES.get(name)
 
 
+def pipeline_components(snapshot: Path) -> list[str]:
+    """The folders of a diffusers pipeline's components (``model_index.json``); [] for a model.
+
+    A pipeline keeps each component's weights in its own folder (``unet/``,
+    ``vae/``, ``text_encoder/``), none at the top, so sizing only the top would
+    price the whole pipeline at nothing.
+    """
+    try:
+        index = json.loads((snapshot / "model_index.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(index, dict):
+        return []
+    return sorted(
+        name for name, entry in index.items()
+        if not name.startswith("_") and isinstance(entry, list) and len(entry) == 2
+        and entry[0] is not None and "/" not in name and name not in (".", "..")
+        and (snapshot / name).is_dir()
+    )
+
+
 def tensor_bytes(snapshot: Path, dtype: Optional[str] = None) -> dict[str, int]:
     """Bytes each tensor takes held as ``dtype`` (a torch dtype or a quantization name).
 
-    A checkpoint without safetensors headers gives one entry per weight file.
+    A checkpoint without safetensors headers gives one entry per weight file. A
+    diffusers pipeline is the sum of its components, each tensor named
+    ``component/tensor``.
     """
+    components = pipeline_components(snapshot)
+    if components:
+        return {
+            f"{component}/{name}": size
+            for component in components
+            for name, size in tensor_bytes(snapshot / component, dtype).items()
+        }
     files = sorted(snapshot.glob("*.safetensors"))
     if not files:
         return {p.name: p.stat().st_size for p in snapshot.iterdir() if p.suffix in _WEIGHT_SUFFIXES}
