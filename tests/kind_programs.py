@@ -29,6 +29,10 @@ def open_model(kind: str, source: str, **extra):
 
     _, kwargs = KINDS[kind]
     wrapper = DiffusionModel if kind == "diffusion" else TransformersModel
+    if extra.pop("wrapper", None) == "VisionLanguageModel":
+        from nnsight import VisionLanguageModel  # the deprecated name: same key, same task
+
+        wrapper, kwargs = VisionLanguageModel, {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = wrapper(source, **kwargs, **extra)

@@ -62,8 +62,8 @@ def kinds_server(root, kinds_home):
     process.stop()
 
 
-def both(kinds_server, kinds_home, kind, program, tmp_path):
-    remote = run_client(kinds_server, API_KEY, kind, program.__name__, tmp_path)
+def both(kinds_server, kinds_home, kind, program, tmp_path, client="{}"):
+    remote = run_client(kinds_server, API_KEY, kind, program.__name__, tmp_path, client)
     local = program(programs.open_model(kind, str(kinds_home[kind]), dispatch=True), False)
     assert_identical(remote, local)
     return remote
@@ -104,8 +104,11 @@ def test_vision_language_reads_the_tower_and_the_language_model(kinds_server, ki
     assert result["projected"].shape[1] == 4
 
 
-def test_vision_language_patches_the_tower_and_the_language_model(kinds_server, kinds_home, tmp_path):
-    logits = both(kinds_server, kinds_home, "vision-language", programs.vision_language_patch, tmp_path)["logits"]
+@pytest.mark.parametrize("client", ['{}', '{"wrapper": "VisionLanguageModel"}'], ids=["TransformersModel", "VisionLanguageModel"])
+def test_vision_language_patches_the_tower_and_the_language_model(kinds_server, kinds_home, tmp_path, client):
+    logits = both(
+        kinds_server, kinds_home, "vision-language", programs.vision_language_patch, tmp_path, client
+    )["logits"]
     plain = programs.vision_language_read(
         programs.open_model("vision-language", str(kinds_home["vision-language"]), dispatch=True), False
     )["output"].logits[:, -1]

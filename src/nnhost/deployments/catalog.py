@@ -219,7 +219,10 @@ class ModelSpec:
         data: dict[str, Any] = {"repo_id": self.repo_id, "revision": self.revision}
         if self.trust_remote_code:
             data["trust_remote_code"] = True
-        data["task"] = self.task
+        if self.model_class == TRANSFORMERS_CLASS:
+            # Only transformers' wrapper takes a task: a diffusers pipeline's key has
+            # none, and a task handed to it would reach `from_pretrained` as a stray kwarg.
+            data["task"] = self.task
         return f"{self.model_class}:{json.dumps(data)}"
 
 
