@@ -108,3 +108,35 @@ def test_the_mirror_serves_the_adapter_config_not_its_weights(server, adapter_sn
     base = f"{server.url}/hub/{ADAPTER}/resolve/main"
     assert httpx.get(f"{base}/adapter_config.json").status_code == 200
     assert httpx.get(f"{base}/adapter_model.safetensors").status_code != 200
+
+
+@pytest.fixture(scope="module", params=["mapped", "one-process"])
+def design_server(request, root, server_hf_home, test_snapshot, adapter_snapshot):
+    """The other ways a job runs: mapped weights, and every job in one process (trusted mode).
+
+    In the one-process design the adapter is taken out again after the job
+    (the model is shared by every job), so the base must come back exactly.
+    """
+    from nnhost.testing import ServerProcess
+
+    from conftest import API_KEY
+
+    env = {"mapped": {"NNHOST_EXECUTION": "mapped"}, "one-process": {"NNHOST_CONTAINMENT": "false"}}
+    process = ServerProcess(
+        [TEST_REPO], data_dir=root / f"adapter-{request.param}-data", hf_home=server_hf_home,
+        api_key=API_KEY, env=env[request.param],
+    )
+    process.start()
+    yield process
+    process.stop()
+
+
+def test_adapter_in_every_execution_design(design_server, adapted_remote, adapted_local, remote_model, local_model):
+    url = design_server.url
+    adapted = adapted_program(adapted_remote, url)
+    assert_same(adapted, adapted_program(adapted_local, False))
+    base = base_program(remote_model, url)
+    assert_same(base, base_program(local_model, False))
+    assert not torch.allclose(adapted["logits"], base["logits"]), "the adapter changed nothing"
+    assert_same(adapted_program(adapted_remote, url), adapted)
+    assert_same(base_program(remote_model, url), base)
