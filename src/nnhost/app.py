@@ -31,9 +31,8 @@ from .auth.accounts import Accounts
 from .auth.keys import LOCAL_ADMIN_EMAIL, KeyStore
 from .config import Settings
 from .db import connect
-from .deployments.catalog import Catalog, ModelSpec
+from .deployments.catalog import AllowRule, Catalog, ModelSpec
 from .deployments.replica import LocalReplica
-from .deployments.sizing import device_shares, tensor_bytes
 from .jobs.bus import EventBus, LocalEventBus
 from .jobs.front import JobFront
 from .jobs.lease import Lease
@@ -95,12 +94,15 @@ def build_catalog(settings: Settings, extra: Sequence[ModelSpec] = ()) -> Catalo
             )
         snapshot = find_snapshot(spec.repo_id, spec.revision, settings.hf_home)
         if snapshot is not None and spec.size_bytes is None:
-            sizes = tensor_bytes(snapshot, spec.quantization or spec.dtype)
-            margin = 1 + settings.memory_margin
-            spec.size_bytes = int(sum(sizes.values()) * margin)
-            shares = device_shares(sizes, spec.device_map, spec.devices, spec.device)
-            spec.shares = {device: int(size * margin) for device, size in shares.items()}
-    return Catalog(specs)
+            spec.measure(snapshot, settings.memory_margin)
+    allowed = [AllowRule.from_table(dict(table)) for table in settings.allow]
+    for rule in allowed:
+        if rule.trust_remote_code and not settings.allow_trust_remote_code:
+            raise ValueError(
+                f"[[allow]] {rule.repo_id!r} permits trust_remote_code, which runs code from "
+                "model repositories; set allow_trust_remote_code = true in nnhost.toml to permit it."
+            )
+    return Catalog(specs, allowed)
 
 
 def memory_budgets(settings: Settings, catalog: Optional[Catalog] = None) -> dict[str, int]:

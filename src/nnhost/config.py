@@ -123,6 +123,12 @@ class Settings(BaseSettings):
     hub_serve_weights: bool = False
     #: Models from nnhost.toml's ``[[model]]`` tables (load options per model).
     catalog: Annotated[list[dict], BeforeValidator(_json)] = Field(default_factory=list)
+    #: Models fetched from the Hub (HF_ENDPOINT, HF_TOKEN) on first request, from
+    #: nnhost.toml's ``[[allow]]`` tables (repo-id pattern, max_size, dtype, device).
+    allow: Annotated[list[dict], BeforeValidator(_json)] = Field(default_factory=list)
+    #: Disk the models fetched on demand may take together; the least recently used
+    #: is deleted to make room (0: no limit). Listed models never count or go.
+    download_budget: Size = 0
     #: Memory HOT deployments may use per device, e.g. {"cpu": "16GiB", "cuda:0": "80GB"},
     #: held as bytes. A device not listed is unbounded; "cpu" defaults to 80% of this
     #: machine's memory.
@@ -215,6 +221,17 @@ class Settings(BaseSettings):
             if not isinstance(table, dict):
                 raise ValueError("each [[model]] must be a table with a repo_id")
             ModelSpec.from_table(dict(table))  # raises, naming the table and the key
+        return tables
+
+    @field_validator("allow")
+    @classmethod
+    def _allowed(cls, tables: list[dict]) -> list[dict]:
+        from .deployments.catalog import AllowRule
+
+        for table in tables:
+            if not isinstance(table, dict):
+                raise ValueError("each [[allow]] must be a table with a repo_id and a max_size")
+            AllowRule.from_table(dict(table))  # raises, naming the table and the key
         return tables
 
     @field_validator("limits")
@@ -353,6 +370,10 @@ def read_toml(path: Path) -> dict[str, Any]:
                     f"{path}: write each model as an array table, [[model]] (two brackets)"
                 )
             values["catalog"] = value
+        elif key == "allow" and not isinstance(value, list):
+            raise SettingsError(
+                f"{path}: write each allowed pattern as an array table, [[allow]] (two brackets)"
+            )
         else:
             values[key] = value
     return values

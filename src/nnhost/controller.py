@@ -139,6 +139,20 @@ def build_controller(
     )
     service = JobService(settings, store, bus, scheduler, deployments, payloads, results,
                          observers=observers)
+    if catalog.allowed:
+        from .deployments.downloader import HubDownloader
+        from .deployments.on_demand import OnDemand
+
+        service.on_demand = OnDemand(
+            deployments,
+            HubDownloader(settings.hf_home),
+            loop=loop,
+            budget=settings.download_budget,
+            margin=settings.memory_margin,
+            on_progress=lambda name: service.pump(name),
+            on_ready=lambda name: service.on_change(name),
+            on_failed=lambda name, reason: service.fetch_failed(name, reason),
+        )
     return Controller(settings, deployments, scheduler, service, recent)
 
 

@@ -109,8 +109,9 @@ class ServerProcess:
             try:
                 states = [d["application_state"] for d in self.status()["deployments"].values()]
                 # Ready when something serves and nothing is still loading (models
-                # left COLD by the memory budget stay NOT_STARTED).
-                if "RUNNING" in states and "DEPLOYING" not in states:
+                # left COLD by the memory budget stay NOT_STARTED); a server that
+                # serves only models fetched on demand ([[allow]]) when it answers.
+                if not states or ("RUNNING" in states and "DEPLOYING" not in states):
                     return
             except (httpx.HTTPError, KeyError, ValueError):
                 pass

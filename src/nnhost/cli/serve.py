@@ -27,7 +27,9 @@ def _print_welcome(url: str, key_line: str, example: str, catalog, settings) -> 
         "    with model.trace('The Eiffel Tower is in the city of', remote=True):\n"
         "        logits = model.lm_head.output.save()\n"
         "    print(model.tokenizer.decode(logits[0, -1].argmax()))\n\n"
-        f"Serving: {', '.join(spec.name for spec in catalog)}. Data: {settings.data_dir}\n",
+        f"Serving: {', '.join(spec.name for spec in catalog) or 'no listed model'}"
+        + (f"; fetched on request: {', '.join(r.describe() for r in catalog.allowed)}" if catalog.allowed else "")
+        + f". Data: {settings.data_dir}\n",
         flush=True,
     )
 
@@ -102,10 +104,10 @@ def serve_command(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"nnhost serve: {error}", file=sys.stderr)
         return 2
-    if not list(catalog):
+    if not list(catalog) and not catalog.allowed:
         print(
             "nnhost serve: name at least one model to serve (e.g. `nnhost serve "
-            "openai-community/gpt2`, or [[model]] tables in nnhost.toml), or use --demo "
+            "openai-community/gpt2`, [[model]] or [[allow]] tables in nnhost.toml), or use --demo "
             "for the offline demo model.",
             file=sys.stderr,
         )
@@ -134,7 +136,8 @@ def serve_command(args: argparse.Namespace) -> int:
             "    export NDIF_API_KEY=<your key>   # a new one: "
             f"nnhost keys create --data-dir {settings.data_dir}\n"
         )
-    example = next(iter(catalog)).repo_id
+    # With only [[allow]] entries, the example names their first pattern.
+    example = next((spec.repo_id for spec in catalog), None) or catalog.allowed[0].repo_id
     if settings.role == "controller":
         print(
             f"\nnnhost controller starting on {url} (/status, /metrics); it acts once it holds "

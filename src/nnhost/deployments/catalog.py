@@ -9,8 +9,10 @@ normalised identity; `ModelSpec` is an operator's entry for one model.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
 #: The class every Hugging Face transformers model is keyed by (LanguageModel
@@ -127,6 +129,15 @@ class ModelSpec:
         spec.check_load_options()
         return spec
 
+    def measure(self, snapshot: Path, margin: float) -> None:
+        """Set ``size_bytes`` and ``shares`` from the checkpoint's headers, plus ``margin``."""
+        from .sizing import device_shares, tensor_bytes
+
+        sizes = tensor_bytes(snapshot, self.quantization or self.dtype)
+        self.size_bytes = int(sum(sizes.values()) * (1 + margin))
+        shares = device_shares(sizes, self.device_map, self.devices, self.device)
+        self.shares = {device: int(size * (1 + margin)) for device, size in shares.items()}
+
     def check_load_options(self) -> None:
         """Refuse load options the loader would reject, with what to write instead."""
         from .sizing import DEVICE_MAP_STRATEGIES, QUANTIZATION_BYTES
@@ -226,15 +237,107 @@ class ModelSpec:
         return f"{self.model_class}:{json.dumps(data)}"
 
 
-class Catalog:
-    """The set of models served, looked up by a client's key."""
+@dataclass(frozen=True)
+class AllowRule:
+    """An operator's ``[[allow]]`` entry: models fetched from the Hub on first request.
 
-    def __init__(self, specs: Iterable[ModelSpec]) -> None:
+    ``repo_id`` is a pattern (``fnmatch``: ``"org/*"``, ``"*"``); the first entry
+    that matches a request's repo id decides. ``max_size`` bounds the weights as
+    they will be held (in ``dtype``), read from the safetensors headers before
+    anything is downloaded.
+    """
+
+    repo_id: str
+    #: Largest weights accepted, in bytes as held in ``dtype`` (a size such as "2GB" in TOML).
+    max_size: int
+    dtype: Optional[str] = None
+    device: str = "cpu"
+    #: The task used when the client's key names none (older clients).
+    task: str = "text-generation"
+    model_class: str = TRANSFORMERS_CLASS
+    #: Let a matching key ask for the repository's own code. Never by default.
+    trust_remote_code: bool = False
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any]) -> "AllowRule":
+        """An entry of ``[[allow]]`` in nnhost.toml (its ``max_size`` parsed by `units.parse_size`)."""
+        from ..units import parse_size
+
+        known = {"repo_id", "max_size", "dtype", "device", "task", "model_class", "trust_remote_code"}
+        unknown = set(table) - known
+        if unknown:
+            raise ValueError(
+                f"[[allow]] {table.get('repo_id')!r}: unknown keys {sorted(unknown)}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        if not isinstance(table.get("repo_id"), str) or not table["repo_id"]:
+            raise ValueError("every [[allow]] needs a repo_id pattern, e.g. \"org/*\"")
+        if "max_size" not in table:
+            raise ValueError(f"[[allow]] {table['repo_id']!r} needs a max_size, e.g. \"2GB\"")
+        rule = cls(**{**table, "max_size": parse_size(table["max_size"])})
+        if rule.max_size <= 0:
+            raise ValueError(f"[[allow]] {rule.repo_id!r}: max_size must be more than 0")
+        rule.spec(ModelKey(rule.model_class, "org/name")).check_load_options()
+        return rule
+
+    def matches(self, key: ModelKey) -> bool:
+        return (
+            key.model_class == self.model_class
+            and fnmatch.fnmatchcase(key.repo_id, self.repo_id)
+            and (self.trust_remote_code or not key.trust_remote_code)
+        )
+
+    def spec(self, key: ModelKey) -> ModelSpec:
+        """How a model this rule allows is deployed: COLD until asked for, one replica."""
+        return ModelSpec(
+            repo_id=key.repo_id,
+            revision=None if key.revision == "main" else key.revision,
+            task=key.task or self.task,
+            model_class=key.model_class,
+            trust_remote_code=key.trust_remote_code,
+            dtype=self.dtype,
+            device=self.device,
+            deploy="cold",
+        )
+
+    def describe(self) -> str:
+        from ..units import format_size
+
+        return f"{self.repo_id} (up to {format_size(self.max_size)})"
+
+
+class Catalog:
+    """The set of models served, looked up by a client's key.
+
+    Besides the operator's listed models it holds the ``[[allow]]`` rules; a model
+    fetched on demand is added with `add` and dropped with `remove` when its
+    files are deleted. Listed models are never removed.
+    """
+
+    def __init__(self, specs: Iterable[ModelSpec], allowed: Iterable[AllowRule] = ()) -> None:
         self.specs: dict[str, ModelSpec] = {}
+        self.allowed = list(allowed)
+        #: The names of the models added on demand (`add`).
+        self.fetched: set[str] = set()
         for spec in specs:
             if spec.name in self.specs:
                 raise ValueError(f"model {spec.name!r} is listed twice")
             self.specs[spec.name] = spec
+
+    def allowance(self, key: ModelKey) -> Optional[AllowRule]:
+        """The ``[[allow]]`` rule that lets ``key`` be fetched on demand, if any."""
+        return next((rule for rule in self.allowed if rule.matches(key)), None)
+
+    def add(self, spec: ModelSpec) -> None:
+        """Serve a model fetched on demand."""
+        self.specs[spec.name] = spec
+        self.fetched.add(spec.name)
+
+    def remove(self, name: str) -> None:
+        """Stop serving a model fetched on demand (never a listed one)."""
+        if name in self.fetched:
+            self.fetched.discard(name)
+            self.specs.pop(name, None)
 
     def __iter__(self) -> Iterator[ModelSpec]:
         return iter(self.specs.values())
@@ -253,4 +356,8 @@ class Catalog:
         return any(spec.repo_id == repo_id for spec in self.specs.values())
 
     def describe(self) -> str:
-        return ", ".join(spec.key.describe() for spec in self.specs.values()) or "none"
+        served = ", ".join(spec.key.describe() for spec in self.specs.values()) or "none"
+        if self.allowed:
+            rules = "; ".join(rule.describe() for rule in self.allowed)
+            served += f"; fetched on request from the Hub: {rules}"
+        return served

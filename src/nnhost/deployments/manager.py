@@ -219,6 +219,23 @@ class DeploymentManager(Scaling):
     def get(self, name: str) -> Deployment:
         return self.deployments[name]
 
+    def has_work(self, name: str) -> bool:
+        """Whether jobs wait for ``name`` (the scheduler's answer)."""
+        return self._has_work(name)
+
+    def add(self, spec: ModelSpec, note: str = "") -> Deployment:
+        """Take on a model fetched on demand (COLD until a job asks for it)."""
+        self.catalog.add(spec)
+        deployment = self.deployments.setdefault(spec.name, Deployment(spec, note=note))
+        return deployment
+
+    def remove(self, name: str) -> None:
+        """Forget a COLD model fetched on demand (its files are being deleted)."""
+        deployment = self.deployments.get(name)
+        if deployment is not None and name in self.catalog.fetched and deployment.target == COLD:
+            del self.deployments[name]
+            self.catalog.remove(name)
+
     # -- memory --------------------------------------------------------------------
 
     def budget(self, device: str) -> Optional[int]:

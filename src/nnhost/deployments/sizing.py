@@ -92,25 +92,41 @@ def tensor_bytes(snapshot: Path, dtype: Optional[str] = None) -> dict[str, int]:
     files = sorted(snapshot.glob("*.safetensors"))
     if not files:
         return {p.name: p.stat().st_size for p in snapshot.iterdir() if p.suffix in _WEIGHT_SUFFIXES}
+    sizes: dict[str, int] = {}
+    for path in files:
+        sizes.update(header_bytes(_header(path), dtype))
+    return sizes
+
+
+def header_bytes(header: dict[str, Any], dtype: Optional[str] = None) -> dict[str, int]:
+    """Bytes each tensor of one safetensors header takes held as ``dtype``.
+
+    The header may come from a file on disk or from a range read of a remote one
+    (`deployments.downloader`): an entry that is not a tensor's raises ValueError.
+    """
     target = _width(dtype)
     quantized = (dtype or "").lower() in QUANTIZATION_BYTES
     sizes: dict[str, int] = {}
-    for path in files:
-        for name, entry in _header(path).items():
-            if name == "__metadata__":
-                continue
-            elements = 1
-            for extent in entry["shape"]:
-                elements *= extent
-            stored = _SAFETENSORS_BYTES.get(entry["dtype"], 4)
-            # Integer tensors (e.g. position ids) keep their dtype whatever the weights become.
-            floating = entry["dtype"] in ("F64", "F32", "F16", "BF16")
-            width: float = stored
-            if target and floating:
-                width = target
-                if quantized and (len(entry["shape"]) < 2 or any(p in name for p in _UNQUANTIZED)):
-                    width = 2  # held at the compute dtype (bfloat16)
-            sizes[name] = int(elements * width)
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict) or not isinstance(entry.get("shape"), list) or not all(
+            isinstance(extent, int) and extent >= 0 for extent in entry["shape"]
+        ):
+            raise ValueError(f"tensor {name!r} has no valid shape in its safetensors header")
+        elements = 1
+        for extent in entry["shape"]:
+            elements *= extent
+        kind = str(entry.get("dtype"))
+        stored = _SAFETENSORS_BYTES.get(kind, 4)
+        # Integer tensors (e.g. position ids) keep their dtype whatever the weights become.
+        floating = kind in ("F64", "F32", "F16", "BF16")
+        width: float = stored
+        if target and floating:
+            width = target
+            if quantized and (len(entry["shape"]) < 2 or any(p in name for p in _UNQUANTIZED)):
+                width = 2  # held at the compute dtype (bfloat16)
+        sizes[name] = int(elements * width)
     return sizes
 
 

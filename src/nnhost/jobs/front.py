@@ -90,10 +90,14 @@ class JobFront:
         self._check_model_class(submission.model_key)
         key = ModelKey.parse(submission.model_key)
         spec = self.catalog.match(key)
+        rule = self.catalog.allowance(key) if spec is None else None
+        if rule is not None:
+            # Not served yet, but allowed: the controller fetches it (`deployments.on_demand`).
+            spec = rule.spec(key)
         if spec is None:
             raise UnknownModel(
-                f"This server does not serve {key.describe()}. "
-                f"Models served here: {self.catalog.describe()}."
+                f"This server does not serve {key.describe()}, and no [[allow]] entry lets it "
+                f"fetch it. Models served here: {self.catalog.describe()}."
             )
         if submission.session_id:
             session = await self.bus.owner(submission.session_id)
@@ -134,7 +138,8 @@ class JobFront:
         if not isinstance(model_key, str) or ":" not in model_key:
             return  # malformed: ModelKey.parse says how
         model_class = model_key.split(":", 1)[0]
-        served = sorted({spec.model_class for spec in self.catalog})
+        served = sorted({spec.model_class for spec in self.catalog}
+                        | {rule.model_class for rule in self.catalog.allowed})
         if model_class in served:
             return
         names = ", ".join(name.rsplit(".", 1)[-1] for name in served) or "none"

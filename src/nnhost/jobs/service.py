@@ -21,6 +21,7 @@ from typing import Callable, Iterable, Optional, Union, Unpack
 
 from ..config import Settings
 from ..deployments.manager import HOT, CannotFit, DeploymentManager
+from ..deployments.on_demand import OnDemand
 from ..execution.events import JobEvent, JobSpec
 from ..models.adapters import UnknownAdapter, check_adapter
 from ..storage.payloads import JobPayloads
@@ -74,14 +75,24 @@ class JobService(Upkeep):
         self._announced: dict[str, tuple[Status, Union[str, int]]] = {}
         #: What each running job has printed so far, against the per-job caps.
         self.log_budget = LogBudget(settings.max_log_lines, settings.max_log_bytes)
+        #: Fetches models ``[[allow]]`` permits (set by the controller when any are allowed).
+        self.on_demand: Optional[OnDemand] = None
 
     # -- accepting -------------------------------------------------------------
 
     def accept(self, job: Job) -> None:
         """Queue a job the front has stored (RECEIVED, its payload written) and dispatch."""
+        if job.deployment not in self.deployments.deployments and not self.take_on_demand(job):
+            self.reject(job.id, f"This server does not serve {job.deployment} (any longer).")
+            return
         self.scheduler.enqueue(job.deployment, job.user_id, job.id, priority=job.priority)
         self._announce_positions(job.deployment, only=job.id)
         self.pump(job.deployment)
+
+    def take_on_demand(self, job: Job) -> bool:
+        """Whether ``job``'s model, not yet a deployment, was taken on by ``[[allow]]``
+        (in the cache, or now being fetched)."""
+        return self.on_demand is not None and self.on_demand.take(job.model_key) == job.deployment
 
     def reject(self, job_id: str, reason: str) -> None:
         """End a stored job that cannot be queued, with ``reason`` as its ERROR."""
@@ -98,6 +109,9 @@ class JobService(Upkeep):
         """Bring the deployment up if jobs wait for it, then hand them to idle replicas."""
         deployment = self.deployments.get(name)
         if self.scheduler.waiting(name) == 0 or not self.may_act():
+            return
+        if self.on_demand is not None and self.on_demand.fetching(name):
+            self._announce_positions(name)  # how far its download has come
             return
         if deployment.target != "HOT" or deployment.unhealthy:
             # Say so first: the model is not up and memory is being found for it.
@@ -168,6 +182,10 @@ class JobService(Upkeep):
             if self.scheduler.waiting(name):
                 self.pump(name, now)
 
+    def fetch_failed(self, name: str, reason: str) -> None:
+        """A model fetched on demand cannot be had: its waiting jobs end with ``reason``."""
+        self._fail_waiting(name, reason)
+
     def _fail_waiting(self, name: str, reason: str) -> None:
         while (job_id := self.scheduler.next(name)) is not None:
             self.scheduler.finished(name, job_id, ran=False)
@@ -193,7 +211,10 @@ class JobService(Upkeep):
                 continue
             near = position <= 25
             where = f"position {position} of {total}" if near else f"about position {position // 25 * 25}"
-            if deployment.target != "HOT":
+            if self.on_demand is not None and self.on_demand.fetching(name):
+                status = Status.QUEUED
+                description = f"Waiting: {where}. {deployment.note}."
+            elif deployment.target != "HOT":
                 status = Status.PROVISIONING
                 description = (
                     f"Waiting: {where}. {name} is not deployed; "

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Optional
 from ..units import format_duration
 from .completion import Completion
 from .intake import LIVE_STATUSES
-from .job import Status
+from .job import Job, Status
 
 if TYPE_CHECKING:
     from ..deployments.manager import DeploymentManager
@@ -42,6 +42,10 @@ class Upkeep(Completion):
     _requeued: set[str]
     _orphans_swept: float
 
+    def take_on_demand(self, job: Job) -> bool:
+        """Whether ``job``'s model, not yet a deployment, was taken on by ``[[allow]]``."""
+        raise NotImplementedError  # JobService's
+
     def recover(self) -> list[str]:
         """After a restart or a takeover: requeue what had not started, fail what may have run.
 
@@ -53,7 +57,7 @@ class Upkeep(Completion):
             name = job.deployment
             if job.status is Status.RUNNING or job.started_at is not None:
                 reason = "The server restarted while your request was running."
-            elif name not in self.deployments.deployments:
+            elif name not in self.deployments.deployments and not self.take_on_demand(job):
                 reason = f"The server restarted and no longer serves {name}."
             elif not self.payloads.exists(job.id):
                 reason = "The server restarted and your request's payload was lost."
