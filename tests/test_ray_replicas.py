@@ -65,6 +65,24 @@ def wait_running(server, timeout=300) -> dict:
     raise AssertionError(f"the replica did not come back: {entry}")
 
 
+def test_a_per_request_adapter_travels_to_the_ray_node(
+    ray_server, server_hf_home, test_snapshot, remote_model, local_model
+):
+    """The node has no copy of the server's cache: the adapter's files go with the job."""
+    from compare import assert_same
+    from nnhost.models.tiny_lora import build_tiny_lora
+    from test_adapters import ADAPTER, _open, adapted_program, base_program
+
+    snapshot = build_tiny_lora(ADAPTER, test_snapshot, TEST_REPO, server_hf_home)
+    adapted_remote = _open(TEST_REPO, peft=ADAPTER)
+    adapted_local = _open(str(test_snapshot), peft=str(snapshot), dispatch=True)
+    with as_client(ray_server, API_KEY):
+        adapted = adapted_program(adapted_remote, True)
+        base = base_program(remote_model, True)
+    assert_same(adapted, adapted_program(adapted_local, False))
+    assert_same(base, base_program(local_model, False))
+
+
 def test_jobs_run_on_a_ray_node_with_local_results(ray_server, ray_cluster, remote_model, local_model):  # noqa: F811
     node = replica_node(ray_server)
     assert node in {worker.node_id for worker in ray_cluster.workers}

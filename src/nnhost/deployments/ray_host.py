@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 from ..execution.events import JobEvent, JobSpec
 from ..execution.worker import WorkerOptions
+from ..models.adapters import write_adapter
 from .contract import ReplicaState
 from .incidents import Incident
 from .replica import LocalReplica
@@ -53,13 +54,15 @@ class ReplicaHost:
         context = ray.get_runtime_context()
         return {"node_id": context.get_node_id(), "address": ray.util.get_node_ip_address()}
 
-    def submit(self, spec: dict[str, Any], payload: bytes) -> None:
+    def submit(self, spec: dict[str, Any], payload: bytes, adapter: Optional[dict[str, bytes]] = None) -> None:
         job_id = spec["job_id"]
         payload_path = self._spool / f"{job_id}.payload"
         payload_path.write_bytes(payload)
+        adapter_path = str(write_adapter(self._spool / f"{job_id}.adapter", adapter)) if adapter else ""
         local = JobSpec(**{**spec, "payload_path": str(payload_path),
                            "result_path": str(self._spool / f"{job_id}.result"),
-                           "payload_fd": -1, "result_fd": -1})
+                           "payload_fd": -1, "result_fd": -1,
+                           "adapter_path": adapter_path, "adapter_fds": []})
         self._specs[job_id] = local
         try:
             self.replica.submit(local)
@@ -120,6 +123,8 @@ class ReplicaHost:
         if spec is not None:
             for path in (spec.payload_path, spec.result_path):
                 Path(path).unlink(missing_ok=True)
+            if spec.adapter_path:
+                shutil.rmtree(spec.adapter_path, ignore_errors=True)
 
 
 def _read(path: str) -> Optional[bytes]:

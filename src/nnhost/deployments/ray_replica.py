@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from ..execution.events import JobEvent, JobSpec
 from ..execution.worker import WorkerOptions
+from ..models.adapters import read_adapter
 from .contract import (NodeCapacity, OnIdle, OnIncident, OnJobEvent, OnState, Replica,
                        ReplicaState, ReplicaStatus)
 from .incidents import Incident
@@ -211,10 +212,13 @@ class RayReplica:
         import ray
 
         wire = {key: value for key, value in asdict(spec).items()
-                if key not in ("payload_path", "result_path", "payload_fd", "result_fd")}
+                if key not in ("payload_path", "result_path", "payload_fd", "result_fd",
+                               "adapter_path", "adapter_fds")}
         try:
             payload = Path(spec.payload_path).read_bytes()
-            ray.get(actor.submit.remote(wire, payload), timeout=CALL_TIMEOUT)
+            # The node has no copy of this cache: a job's adapter travels with its payload.
+            adapter = read_adapter(spec.adapter_path) if spec.adapter_path else None
+            ray.get(actor.submit.remote(wire, payload, adapter), timeout=CALL_TIMEOUT)
         except Exception as error:
             with self._lock:
                 if self._current is not spec:

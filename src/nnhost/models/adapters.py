@@ -95,3 +95,21 @@ def check_adapter(env: Any, hf_home: Optional[os.PathLike] = None) -> Optional[P
     if size > MAX_ADAPTER_BYTES:
         raise UnknownAdapter(f"The PEFT adapter {adapter_id!r} is too large to apply per request.")
     return snapshot
+
+
+def read_adapter(snapshot: "str | os.PathLike[str]") -> dict[str, bytes]:
+    """A served adapter's files, to send to a node that has no copy of the cache (Ray)."""
+    return {name: (Path(snapshot) / name).read_bytes() for name in ADAPTER_FILES}
+
+
+def write_adapter(folder: "str | os.PathLike[str]", files: Any) -> Path:
+    """Lay out what `read_adapter` sent in ``folder``; only the adapter's own file names."""
+    if not isinstance(files, dict) or set(files) != set(ADAPTER_FILES) or not all(
+        isinstance(data, bytes) for data in files.values()
+    ) or sum(len(data) for data in files.values()) > MAX_ADAPTER_BYTES:
+        raise ValueError("the adapter's files did not arrive whole")
+    target = Path(folder)
+    target.mkdir(parents=True, exist_ok=False)
+    for name in ADAPTER_FILES:
+        (target / name).write_bytes(files[name])
+    return target
