@@ -132,11 +132,18 @@ def design_server(request, root, server_hf_home, test_snapshot, adapter_snapshot
 
 
 def test_adapter_in_every_execution_design(design_server, adapted_remote, adapted_local, remote_model, local_model):
-    url = design_server.url
-    adapted = adapted_program(adapted_remote, url)
+    from conftest import API_KEY
+    from test_accounts import as_client, new_key
+
+    other_user = new_key(design_server, "other@example.org")
+    with as_client(design_server, API_KEY):
+        adapted = adapted_program(adapted_remote, True)
     assert_same(adapted, adapted_program(adapted_local, False))
-    base = base_program(remote_model, url)
+    # Another user's job, right after: the base model, whatever the last job applied.
+    with as_client(design_server, other_user):
+        base = base_program(remote_model, True)
     assert_same(base, base_program(local_model, False))
     assert not torch.allclose(adapted["logits"], base["logits"]), "the adapter changed nothing"
-    assert_same(adapted_program(adapted_remote, url), adapted)
-    assert_same(base_program(remote_model, url), base)
+    with as_client(design_server, API_KEY):
+        assert_same(adapted_program(adapted_remote, True), adapted)
+        assert_same(base_program(remote_model, True), base)
