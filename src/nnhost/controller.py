@@ -75,6 +75,8 @@ class Controller:
         for task in self._tasks:
             task.cancel()
         await self.service.drain(grace)
+        if self.service.on_demand is not None:
+            self.service.on_demand.close()
         await asyncio.to_thread(self.deployments.stop)
 
     async def _pump(self) -> None:

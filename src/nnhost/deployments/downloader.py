@@ -37,6 +37,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,9 +135,12 @@ class HubDownloader:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         # httpx drops the Authorization header on a redirect to another host (the Hub's CDN).
         self._client = httpx.Client(headers=headers, timeout=timeout, follow_redirects=True)
+        #: Set when the server stops: a download in progress gives up at its next chunk.
+        self.stopping = threading.Event()
 
     def close(self) -> None:
-        self._client.close()
+        """Stop: downloads in progress end (their staging folders are removed)."""
+        self.stopping.set()
 
     # -- before the download ---------------------------------------------------------
 
@@ -297,6 +301,8 @@ class HubDownloader:
                     )
                 with open(target, "xb") as out:
                     for chunk in response.iter_bytes(_CHUNK):
+                        if self.stopping.is_set():
+                            raise DownloadRefused("The server is stopping; ask again once it is back.")
                         received += len(chunk)
                         if received > file.size:
                             break

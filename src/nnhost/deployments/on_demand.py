@@ -21,9 +21,11 @@ that is deployed, has work or is being fetched, or block the event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from ..models.hfcache import find_snapshot
 from ..units import format_size
@@ -32,6 +34,9 @@ from .downloader import DownloadRefused, HubDownloader, Plan
 from .manager import COLD, DeploymentManager
 
 log = logging.getLogger("nnhost.deployments")
+T = TypeVar("T")
+#: Models fetched at once; each holds one thread of its own for as long as it takes.
+PARALLEL_FETCHES = 2
 
 
 @dataclass
@@ -65,6 +70,17 @@ class OnDemand:
         self._on_ready = on_ready
         self._on_failed = on_failed
         self.fetches: dict[str, Fetch] = {}
+        # Threads of their own: a download that takes an hour must not hold one of the
+        # default executor's, which the API's own blocking work (payload writes) needs.
+        self._threads = ThreadPoolExecutor(PARALLEL_FETCHES, thread_name_prefix="nnhost-fetch")
+
+    def close(self) -> None:
+        """The server stops: downloads end, and their threads with them."""
+        self.downloader.close()
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    async def _in_thread(self, function: Callable[..., T], *args: Any) -> T:
+        return await self._loop.run_in_executor(self._threads, functools.partial(function, *args))
 
     def fetching(self, name: str) -> bool:
         return name in self.fetches
@@ -101,7 +117,7 @@ class OnDemand:
         fetch = self.fetches[name]
         spec = fetch.spec
         try:
-            plan = await asyncio.to_thread(
+            plan = await self._in_thread(
                 self.downloader.plan, spec.repo_id, spec.revision or "main",
                 spec.quantization or spec.dtype, fetch.rule.trust_remote_code,
             )
@@ -109,10 +125,10 @@ class OnDemand:
             victims = self._make_room(name, plan)
             fetch.total = plan.total
             for repo_id in victims:
-                await asyncio.to_thread(self.downloader.delete, repo_id)
+                await self._in_thread(self.downloader.delete, repo_id)
                 log.info("deleted %s to make room for %s", repo_id, name)
-            snapshot = await asyncio.to_thread(self.downloader.fetch, plan, self._progress_from(name))
-            await asyncio.to_thread(spec.measure, snapshot, self.margin)
+            snapshot = await self._in_thread(self.downloader.fetch, plan, self._progress_from(name))
+            await self._in_thread(spec.measure, snapshot, self.margin)
         except DownloadRefused as error:
             self._fail(name, str(error))
             return
