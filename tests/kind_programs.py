@@ -103,6 +103,15 @@ def vision_language_read(model, remote):
     return {"vision": vision, "projected": projected, "language": language, "output": output}
 
 
+def vision_language_generate(model, remote):
+    """Generation from an image and a prompt, reading the tower once and every new token."""
+    with model.generate(text=CAPTION, images=[picture()], max_new_tokens=3, do_sample=False,
+                        remote=remote) as tracer:
+        vision = model.model.vision_tower.output.last_hidden_state.save()
+        ids = tracer.result.save()
+    return {"vision": vision, "ids": ids}
+
+
 def vision_language_patch(model, remote):
     """Blank the image's features in the tower and steer the language model's last position."""
     with model.trace(text=CAPTION, images=[picture()], remote=remote):
@@ -136,3 +145,14 @@ def diffusion_read(model, remote):
 
 def diffusion_steer(model, remote):
     return _denoise(model, remote, steer=True)
+
+
+def diffusion_pil_images(model, remote):
+    """The pipeline's default output, PIL images, as a user saves them."""
+    import numpy
+    import torch
+
+    with model.generate(PAINT, num_inference_steps=2, seed=0, remote=remote):
+        output = model.output.save()
+    images = output.images
+    return {"kind": type(images[0]).__name__, "pixels": [torch.tensor(numpy.asarray(image)) for image in images]}

@@ -104,6 +104,11 @@ def test_vision_language_reads_the_tower_and_the_language_model(kinds_server, ki
     assert result["projected"].shape[1] == 4
 
 
+def test_vision_language_generates_from_an_image(kinds_server, kinds_home, tmp_path):
+    result = both(kinds_server, kinds_home, "vision-language", programs.vision_language_generate, tmp_path)
+    assert result["ids"].shape[0] == 1
+
+
 @pytest.mark.parametrize("client", ['{}', '{"wrapper": "VisionLanguageModel"}'], ids=["TransformersModel", "VisionLanguageModel"])
 def test_vision_language_patches_the_tower_and_the_language_model(kinds_server, kinds_home, tmp_path, client):
     logits = both(
@@ -129,6 +134,11 @@ def test_diffusion_steers_a_denoising_step(kinds_server, kinds_home, tmp_path):
         programs.open_model("diffusion", str(kinds_home["diffusion"]), dispatch=True), False
     )
     assert not torch.allclose(steered["images"].images, plain["images"].images), "the steer changed nothing"
+
+
+def test_diffusion_sends_back_pil_images(kinds_server, kinds_home, tmp_path):
+    result = both(kinds_server, kinds_home, "diffusion", programs.diffusion_pil_images, tmp_path)
+    assert result["kind"] == "Image" and result["pixels"][0].shape == (16, 16, 3)
 
 
 def test_a_pipeline_is_sized_as_all_its_components(kinds_server, kinds_home):
