@@ -36,6 +36,8 @@ from nnhost.units import format_size
 TESTS = Path(__file__).resolve().parent
 ALLOWED = ["nnhost-up/tiny-a", "nnhost-up/tiny-b", "nnhost-up/tiny-c"]
 BIG = "nnhost-up/tiny-big"
+#: Its safetensors file is longer than its header says: the upstream's listing and the file disagree.
+PADDED = "nnhost-up/tiny-padded"
 MAX_SIZE = 4 * 1024 * 1024
 
 
@@ -53,6 +55,11 @@ def upstream_home(root):
     snapshots = {repo: build_tiny_gpt2(repo, home, TinyGPT2Spec(seed=i + 1)) for i, repo in enumerate(ALLOWED)}
     # Four times as wide: about 13 MB of float32 weights, over the allowed 4 MB.
     snapshots[BIG] = build_tiny_gpt2(BIG, home, TinyGPT2Spec(n_embd=256, n_layer=4))
+    snapshots[PADDED] = build_tiny_gpt2(PADDED, home, TinyGPT2Spec(seed=9))
+    weights = snapshots[PADDED] / "model.safetensors"
+    weights.write_bytes(weights.read_bytes() + b"\0" * 4096)
+    # The repository's own code, which a downstream never fetches unless its entry allows it.
+    (snapshots[ALLOWED[1]] / "modeling_custom.py").write_text("raise SystemExit('ran the repo code')\n")
     return home, snapshots
 
 
@@ -62,7 +69,7 @@ def upstream(root, upstream_home):
     data = root / "upstream-data"
     data.mkdir(parents=True, exist_ok=True)
     lines = ["hub_serve_weights = true", "spare_hosts = 0", ""]
-    for index, repo in enumerate([*ALLOWED, BIG]):
+    for index, repo in enumerate([*ALLOWED, BIG, PADDED]):
         lines += ["[[model]]", f'repo_id = "{repo}"', f'deploy = "{"hot" if index == 0 else "cold"}"', ""]
     (data / "nnhost.toml").write_text("\n".join(lines))
     # At info the access log names every file the downstream asks for.
@@ -230,6 +237,10 @@ def test_two_requests_at_once_download_once(downstream, upstream):
         # Not a real trace: it ends in ERROR once it reaches the fetched model.
         assert _final(downstream, response.json()["id"])["status"] == "ERROR"
     assert _weight_gets(upstream, repo, 200) == 1
+    snapshot = next((downstream.hf_home / "hub" / ("models--" + repo.replace("/", "--")) / "snapshots").iterdir())
+    listed = httpx.get(f"{upstream.url}/hub/api/models/{repo}", timeout=30).json()["siblings"]
+    assert "modeling_custom.py" in {sibling["rfilename"] for sibling in listed}  # offered, not taken
+    assert (snapshot / "config.json").is_file() and not list(snapshot.glob("*.py"))
     status = httpx.get(f"{downstream.url}/status", timeout=30).json()
     assert repo in status["deployments"]
 
@@ -241,6 +252,14 @@ def test_model_over_max_size_is_refused_before_download(downstream, upstream):
     assert _weight_gets(upstream, BIG, 206) >= 1  # its header was read
     assert _weight_gets(upstream, BIG, 200) == 0  # its weights never were
     assert not _cached(downstream, BIG)
+
+
+def test_file_longer_than_its_header_says_is_refused_before_download(downstream, upstream):
+    body = _fetch(downstream, PADDED)
+    assert body["status"] == "ERROR"
+    assert "model.safetensors is listed as" in body["description"] and "its header describes" in body["description"]
+    assert _weight_gets(upstream, PADDED, 200) == 0
+    assert not _cached(downstream, PADDED)
 
 
 def test_disk_budget_deletes_least_recently_used(downstream):
