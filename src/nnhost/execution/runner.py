@@ -270,6 +270,13 @@ class Runner:
         try:
             return unpack_adapter(spec)
         except OSError as error:
+            import errno
+
+            if error.errno == errno.ENOSPC:
+                raise UserError(
+                    "The PEFT adapter is larger than the scratch space a request has on this "
+                    "server (its scratch_bytes setting)."
+                ) from None
             raise UserError(f"The server could not hand your request its PEFT adapter: {error}") from None
 
     def _deserialize(self, spec: JobSpec, tree_changed: bool = False) -> Any:
