@@ -16,6 +16,7 @@ SENTENCE = "The quick brown fox jumps over the lazy dog."
 KINDS = {
     "fill-mask": ("nnhost-test/tiny-bert", {"task": "fill-mask", "attn_implementation": "eager"}),
     "classifier": ("nnhost-test/tiny-bert-classifier", {"task": "text-classification"}),
+    "token-classifier": ("nnhost-test/tiny-bert-tagger", {"task": "token-classification"}),
     "vision-language": ("nnhost-test/tiny-llava", {"task": "image-text-to-text"}),
     "diffusion": ("nnhost-test/tiny-stable-diffusion", {}),
 }
@@ -72,6 +73,14 @@ def classifier_output(model, remote):
         pooled = model.bert.pooler.output.save()
         output = model.output.save()
     return {"pooled": pooled, "output": output}
+
+
+def tagger_output(model, remote):
+    """A token classifier's scores for each token, and its last layer's attention output."""
+    with model.trace(SENTENCE, remote=remote):
+        attention = model.bert.encoder.layer[-1].attention.output.save()
+        output = model.output.save()
+    return {"attention": attention, "output": output}
 
 
 # -- vision-language models -------------------------------------------------------

@@ -36,7 +36,8 @@ def kinds_home(root):
     home = root / "kinds-hf"
     return {
         "fill-mask": build_tiny_bert(programs.KINDS["fill-mask"][0], home),
-        "classifier": build_tiny_bert(programs.KINDS["classifier"][0], home, classifier=True),
+        "classifier": build_tiny_bert(programs.KINDS["classifier"][0], home, head="sequence"),
+        "token-classifier": build_tiny_bert(programs.KINDS["token-classifier"][0], home, head="token"),
         "vision-language": build_tiny_llava(programs.KINDS["vision-language"][0], home),
         "diffusion": build_tiny_stable_diffusion(programs.KINDS["diffusion"][0], home),
         "home": home,
@@ -92,6 +93,11 @@ def test_fill_mask_encoder_patch(kinds_server, kinds_home, tmp_path):
 def test_classifier_reads_pooled_output_and_labels(kinds_server, kinds_home, tmp_path):
     result = both(kinds_server, kinds_home, "classifier", programs.classifier_output, tmp_path)
     assert result["output"].logits.shape == (1, 2)
+
+
+def test_token_classifier_reads_attention_and_per_token_labels(kinds_server, kinds_home, tmp_path):
+    result = both(kinds_server, kinds_home, "token-classifier", programs.tagger_output, tmp_path)
+    assert result["output"].logits.shape[-1] == 2
 
 
 # -- vision-language models ------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Building small BERT-style encoders offline: one for fill-mask, one for classification.
+"""Building small BERT-style encoders offline: for fill-mask and the classification tasks.
 
 Encoders reach the server through other pipelines than text generation
 (``fill-mask``, ``text-classification``), with their own tokenizer (WordPiece
@@ -74,27 +74,30 @@ def build_tiny_bert(
     repo_id: str,
     hf_home: Optional[os.PathLike] = None,
     *,
-    classifier: bool = False,
+    head: str = "masked-lm",
     seed: int = 0,
     corpus: Sequence[str] = DEFAULT_CORPUS,
 ) -> Path:
-    """A random two-layer BERT under ``repo_id``: masked-LM head, or a two-label classifier.
+    """A random two-layer BERT under ``repo_id``; the snapshot folder.
 
-    Returns the snapshot folder.
+    ``head``: ``"masked-lm"`` (fill-mask), ``"sequence"`` (text-classification)
+    or ``"token"`` (token-classification), the classifiers with two labels.
     """
     import torch
-    from transformers import BertForMaskedLM, BertForSequenceClassification
+    from transformers import BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification
 
+    heads = {"masked-lm": BertForMaskedLM, "sequence": BertForSequenceClassification,
+             "token": BertForTokenClassification}
     tokenizer = train_wordpiece(corpus)
     torch.manual_seed(seed)
-    if classifier:
+    if head == "masked-lm":
+        config = _config(tokenizer)
+    else:
         config = _config(
             tokenizer,
             id2label=dict(enumerate(LABELS)),
             label2id={label: index for index, label in enumerate(LABELS)},
         )
-        model = BertForSequenceClassification(config)
-    else:
-        model = BertForMaskedLM(_config(tokenizer))
+    model = heads[head](config)
     model.eval()
     return save_to_cache(model, tokenizer, repo_id, hf_home)
