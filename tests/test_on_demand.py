@@ -274,6 +274,19 @@ def test_disk_budget_deletes_least_recently_used(downstream):
     assert a not in status["deployments"] and c in status["deployments"]
 
 
+def test_after_a_restart_a_fetched_model_is_served_from_disk(downstream, upstream):
+    repo = ALLOWED[1]
+    _fetch(downstream, repo)  # on disk (fetched by an earlier test or now)
+    before = _weight_gets(upstream, repo, 200)
+    downstream.stop()
+    downstream.start()
+    assert repo not in httpx.get(f"{downstream.url}/status", timeout=30).json()["deployments"]
+    body = _fetch(downstream, repo)
+    assert "Hub" not in body["description"], body["description"]
+    assert repo in httpx.get(f"{downstream.url}/status", timeout=30).json()["deployments"]
+    assert _weight_gets(upstream, repo, 200) == before  # taken from disk, not downloaded again
+
+
 # -- the setting -------------------------------------------------------------------------
 
 

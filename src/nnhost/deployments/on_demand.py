@@ -25,6 +25,7 @@ import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
 from ..models.hfcache import find_snapshot
@@ -32,6 +33,7 @@ from ..units import format_size
 from .catalog import AllowRule, ModelKey, ModelSpec
 from .downloader import DownloadRefused, HubDownloader, Plan
 from .manager import COLD, DeploymentManager
+from .sizing import weight_bytes
 
 log = logging.getLogger("nnhost.deployments")
 T = TypeVar("T")
@@ -70,6 +72,8 @@ class OnDemand:
         self._on_ready = on_ready
         self._on_failed = on_failed
         self.fetches: dict[str, Fetch] = {}
+        #: Repos whose files are being deleted to make room, set once they are gone.
+        self._deleting: dict[str, asyncio.Event] = {}
         # Threads of their own: a download that takes an hour must not hold one of the
         # default executor's, which the API's own blocking work (payload writes) needs.
         self._threads = ThreadPoolExecutor(PARALLEL_FETCHES, thread_name_prefix="nnhost-fetch")
@@ -101,14 +105,7 @@ class OnDemand:
         spec = rule.spec(key)
         if spec.name in self.manager.deployments:
             return spec.name
-        snapshot = find_snapshot(spec.repo_id, spec.revision, self.downloader.hf_home)
-        if snapshot is not None:
-            # On disk already (fetched before a restart): sized and served as it is.
-            spec.measure(snapshot, self.margin)
-            self.manager.add(spec)
-            self.downloader.touch(spec.repo_id)
-            return spec.name
-        self.manager.add(spec, note=f"Looking up {spec.repo_id} on the Hub")
+        self.manager.add(spec, note=f"Looking up {spec.repo_id}")
         self.fetches[spec.name] = Fetch(rule, spec)
         self._loop.create_task(self._fetch(spec.name))
         return spec.name
@@ -117,17 +114,18 @@ class OnDemand:
         fetch = self.fetches[name]
         spec = fetch.spec
         try:
-            plan = await self._in_thread(
-                self.downloader.plan, spec.repo_id, spec.revision or "main",
-                spec.quantization or spec.dtype, fetch.rule.trust_remote_code,
-            )
-            self._check_size(plan, fetch.rule)
-            victims = self._make_room(name, plan)
-            fetch.total = plan.total
-            for repo_id in victims:
-                await self._in_thread(self.downloader.delete, repo_id)
-                log.info("deleted %s to make room for %s", repo_id, name)
-            snapshot = await self._in_thread(self.downloader.fetch, plan, self._progress_from(name))
+            deleting = self._deleting.get(spec.repo_id)
+            if deleting is not None:
+                await deleting.wait()  # deleted to make room a moment ago: fetched afresh
+            home = self.downloader.hf_home
+            snapshot = await self._in_thread(find_snapshot, spec.repo_id, spec.revision, home)
+            if snapshot is None:
+                snapshot = await self._download(name, fetch)
+            else:
+                # On disk already (fetched before a restart): its size is checked all the same.
+                held = await self._in_thread(weight_bytes, snapshot, spec.quantization or spec.dtype)
+                self._check_size(spec.repo_id, held, 0, fetch.rule)
+                await self._in_thread(self.downloader.touch, spec.repo_id)
             await self._in_thread(spec.measure, snapshot, self.margin)
         except DownloadRefused as error:
             self._fail(name, str(error))
@@ -137,34 +135,52 @@ class OnDemand:
             self._fail(name, f"Fetching {spec.repo_id} from the Hub failed: {error}")
             return
         del self.fetches[name]
-        deployment = self.manager.deployments.get(name)
-        if deployment is not None:
-            deployment.note = f"Downloaded {spec.repo_id} ({format_size(plan.total)})"
-        log.info("fetched %s (%s)", name, format_size(plan.total))
+        log.info("took on %s", name)
         self._on_ready(name)
 
-    def _check_size(self, plan: Plan, rule: AllowRule) -> None:
+    async def _download(self, name: str, fetch: Fetch) -> Path:
+        """Size ``fetch``'s model upstream, make room on disk, download it; its snapshot."""
+        spec = fetch.spec
+        plan = await self._in_thread(
+            self.downloader.plan, spec.repo_id, spec.revision or "main",
+            spec.quantization or spec.dtype, fetch.rule.trust_remote_code,
+        )
+        self._check_size(plan.repo_id, plan.weight_bytes, plan.total, fetch.rule)
+        on_disk = await self._in_thread(self.downloader.fetched) if self.budget else {}
+        victims = self._make_room(name, plan, on_disk)
+        fetch.total = plan.total
+        for repo_id in victims:
+            try:
+                await self._in_thread(self.downloader.delete, repo_id)
+                log.info("deleted %s to make room for %s", repo_id, name)
+            finally:
+                self._deleting.pop(repo_id).set()
+        snapshot = await self._in_thread(self.downloader.fetch, plan, self._progress_from(name))
+        log.info("fetched %s (%s)", name, format_size(plan.total))
+        return snapshot
+
+    def _check_size(self, repo_id: str, held_bytes: int, disk_bytes: int, rule: AllowRule) -> None:
         held = f" held as {rule.dtype}" if rule.dtype else ""
-        if plan.weight_bytes > rule.max_size:
+        if held_bytes > rule.max_size:
             raise DownloadRefused(
-                f"{plan.repo_id} is too large to be fetched here: its weights take "
-                f"{format_size(plan.weight_bytes)}{held}, and this server fetches models "
+                f"{repo_id} is too large to be fetched here: its weights take "
+                f"{format_size(held_bytes)}{held}, and this server fetches models "
                 f"matching {rule.repo_id!r} of up to {format_size(rule.max_size)}."
             )
-        if self.budget and plan.total > self.budget:
+        if self.budget and disk_bytes > self.budget:
             raise DownloadRefused(
-                f"{plan.repo_id} needs {format_size(plan.total)} of disk, more than this server's "
+                f"{repo_id} needs {format_size(disk_bytes)} of disk, more than this server's "
                 f"whole download budget of {format_size(self.budget)}."
             )
 
-    def _make_room(self, name: str, plan: Plan) -> list[str]:
+    def _make_room(self, name: str, plan: Plan, on_disk: dict[str, tuple[int, float]]) -> list[str]:
         """The fetched repos to delete (least recently used first) so ``plan`` fits the budget.
 
-        Their deployments are forgotten at once, so nothing starts them meanwhile.
+        Their deployments are forgotten at once, so nothing starts them meanwhile, and a
+        request for one of them waits until its files are gone before fetching it again.
         """
         if not self.budget:
             return []
-        on_disk = self.downloader.fetched()
         reserved = sum(f.total for other, f in self.fetches.items() if other != name)
         used = sum(size for size, _ in on_disk.values()) + reserved
         candidates = []
@@ -189,6 +205,7 @@ class OnDemand:
                 f"({format_size(self.budget)}) is held by models in use; ask again later."
             )
         for repo_id in victims:
+            self._deleting[repo_id] = asyncio.Event()
             for deployment in [d for d in self.manager.deployments.values() if d.spec.repo_id == repo_id]:
                 if deployment.target != COLD:  # idle, but its replicas hold the weights
                     self.manager.set_level(deployment.name, COLD, note=f"Deleted to make room for {name}.")
