@@ -345,7 +345,12 @@ class HubDownloader:
             if not marker.is_file():
                 continue
             repo_id = folder.name.removeprefix("models--").replace("--", "/")
-            size = sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+            # A download in progress (a hidden staging folder) is reserved by its caller instead.
+            size = sum(
+                p.lstat().st_size for p in folder.rglob("*")
+                if p.is_file() and not p.is_symlink()
+                and not any(part.startswith(".") for part in p.relative_to(folder).parts[:-1])
+            )
             found[repo_id] = (size, marker.stat().st_mtime)
         return found
 
