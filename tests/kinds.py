@@ -62,6 +62,7 @@ def run_client(server, api_key: str, kind: str, program: str, work: Path, extra:
         env=client_env(server.url, api_key, work / "client-hf"),
         capture_output=True,
         text=True,
+        timeout=1800,  # a guard against a hung client only, far past any real run
     )
     if done.returncode != 0:
         raise RuntimeError(f"client failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
