@@ -41,9 +41,9 @@ PADDED = "nnhost-up/tiny-padded"
 MAX_SIZE = 4 * 1024 * 1024
 
 
-def _key(repo: str) -> str:
+def _key(repo: str, task: str = "text-generation") -> str:
     return 'nnsight.modeling.transformers.TransformersModel:' + json.dumps(
-        {"repo_id": repo, "revision": None, "task": "text-generation"}
+        {"repo_id": repo, "revision": None, "task": task}
     )
 
 
@@ -153,10 +153,10 @@ def _finish(process: subprocess.Popen, work: Path) -> tuple[dict, list[str]]:
     return torch.load(work / "out.pt", weights_only=False), [line for line in lines if line]
 
 
-def _post(server, repo: str) -> httpx.Response:
+def _post(server, repo: str, task: str = "text-generation") -> httpx.Response:
     return httpx.post(
         f"{server.url}/request",
-        data={"data": json.dumps({"model_key": _key(repo)})},
+        data={"data": json.dumps({"model_key": _key(repo, task)})},
         files={"blob": ("request", b"not a trace", "application/octet-stream")},
         headers={"ndif-api-key": API_KEY, "nnsight-version": "0.8.1"},
         timeout=60,
@@ -272,6 +272,15 @@ def test_disk_budget_deletes_least_recently_used(downstream):
     assert _cached(downstream, b) and _cached(downstream, c)
     status = httpx.get(f"{downstream.url}/status", timeout=30).json()
     assert a not in status["deployments"] and c in status["deployments"]
+
+
+def test_a_fetched_model_is_not_taken_on_again_as_another_task(downstream):
+    repo = ALLOWED[1]
+    _fetch(downstream, repo)
+    response = _post(downstream, repo, task="fill-mask")
+    assert response.status_code == 404
+    assert f"does not serve {repo} (fill-mask)" in response.json()["detail"]
+    assert f"{repo} (text-generation)" in response.json()["detail"]
 
 
 def test_after_a_restart_a_fetched_model_is_served_from_disk(downstream, upstream):

@@ -104,7 +104,8 @@ class OnDemand:
             return None
         spec = rule.spec(key)
         if spec.name in self.manager.deployments:
-            return spec.name
+            # The same model, or a name served as another task or class: not this key's.
+            return spec.name if self.manager.deployments[spec.name].spec.key == spec.key else None
         self.manager.add(spec, note=f"Looking up {spec.repo_id}")
         self.fetches[spec.name] = Fetch(rule, spec)
         self._loop.create_task(self._fetch(spec.name))

@@ -91,8 +91,9 @@ class JobFront:
         key = ModelKey.parse(submission.model_key)
         spec = self.catalog.match(key)
         rule = self.catalog.allowance(key) if spec is None else None
-        if rule is not None:
+        if rule is not None and rule.spec(key).name not in self.catalog.specs:
             # Not served yet, but allowed: the controller fetches it (`deployments.on_demand`).
+            # (A name already served under another task or class is not a second deployment.)
             spec = rule.spec(key)
         if spec is None:
             raise UnknownModel(
