@@ -63,8 +63,13 @@ def image_class_for(module: str, name: str) -> Optional[type]:
     if (module, name) == ("PIL.Image", "Image") or (
         _PLUGIN_MODULE.fullmatch(module) and _PLUGIN_CLASS.fullmatch(name)
     ):
-        from PIL import Image
-
+        try:
+            from PIL import Image
+        except ImportError:
+            raise _refuse(
+                "a PIL image", "pillow is not installed on this server (the operator installs "
+                "nnhost[models])"
+            ) from None
         return Image.Image
     return None
 
