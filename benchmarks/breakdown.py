@@ -251,9 +251,9 @@ def one_request(model, url: str) -> tuple[dict[str, float], dict, Any]:
 # machine's wall clock: (label, from, to); a name in ROW is a column of `jobs`.
 ROW = ("created_at", "started_at", "updated_at")
 ROW_SPANS = [
-    ("POST sent -> job row created (API: upload, auth, payload, insert)", "post_start", "created_at"),
-    ("job row created -> RECEIVED reply in hand", "created_at", "RECEIVED"),
-    ("job row created -> started_at (controller: queue, hand-off)", "created_at", "started_at"),
+    ("POST sent -> job built (created_at: client httpx, upload, auth)", "post_start", "created_at"),
+    ("job built -> RECEIVED reply in hand (payload, insert, accept)", "created_at", "RECEIVED"),
+    ("job built -> started_at (payload, insert, queue, hand-off)", "created_at", "started_at"),
     ("started_at -> RUNNING frame (replica, job process, deserialize)", "started_at", "RUNNING"),
     ("RUNNING frame -> row's last update (run, write, COMPLETED stored)", "RUNNING", "updated_at"),
     ("row's last update -> COMPLETED frame in hand", "updated_at", "COMPLETED"),
