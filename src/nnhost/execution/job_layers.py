@@ -36,7 +36,7 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
-from typing import Optional
+from typing import Callable, Optional
 
 from . import containment, syscall_filter
 from .containment import ContainmentPolicy, ContainmentReport
@@ -98,10 +98,24 @@ class PidNamespaces:
                 libc.setns(self._own, CLONE_NEWPID)
 
 
-def contain_job(policy: ContainmentPolicy, uid: int, memory_cgroup: bool) -> ContainmentReport:
-    """Add this job's own layers; each one stands alone, and the report says which failed."""
+def contain_job(
+    policy: ContainmentPolicy, uid: int, memory_cgroup: bool, settle: Optional[Callable[[], None]] = None
+) -> ContainmentReport:
+    """Add this job's own layers; each one stands alone, and the report says which failed.
+
+    ``settle`` (the mapped design's binding of the weights) runs once this
+    process has its namespaces, its own ``/proc`` and private copies of the
+    shared pages, and before its limits, identity and system-call filter. A
+    GPU's driver needs it there: it refuses to start where ``/proc`` is
+    another PID namespace's (measured on an H200: ``cudaGetDeviceCount``
+    fails with error 304), and the device mappings it makes are shared and
+    writable and must stay shared. It raises rather than being a layer that
+    may fail: a job's process without its weights serves nothing.
+    """
     report = ContainmentReport(enabled=policy.enabled)
     if not policy.enabled:
+        if settle is not None:
+            settle()
         return report
     root = os.geteuid() == 0
 
@@ -125,6 +139,8 @@ def contain_job(policy: ContainmentPolicy, uid: int, memory_cgroup: bool) -> Con
     layer("limits", lambda: _limits(policy, memory_cgroup))
     layer("shared pages", _private_shared_pages)
     layer("heap", _stop_perturbing)
+    if settle is not None:
+        settle()
     layer("identity", lambda: containment._drop_identity(uid, uid), needs_root=True)
     # Last: it refuses the calls the layers above made (unshare, mount).
     layer("system calls", syscall_filter.apply)

@@ -5,15 +5,16 @@ design) forks this process before any job is waiting for it, so the fork and
 the containment set-up are off the request's path. Here, still root and
 before anything of a job has been read, it:
 
-0. in the mapped design, maps the host's weights and binds them into its
-   copy of the model's tree (`mapped_weights`);
-
 1. points its stdout and stderr (descriptors 1 and 2, so native writes and
    Python warnings too) at a pipe whose other end the replica reads as this
-   job's LOG stream, and closes every other descriptor but its own channel;
+   job's LOG stream, and closes every other descriptor but its own channel
+   (and, in the mapped design, the weights' handles until they are bound);
 2. adds the per-job layers (`job_layers`): PID 1 of its own PID namespace, its
    own mount namespace with a fresh ``/tmp`` and ``/proc``, its own network
-   and IPC namespaces, limits, and a uid of its own;
+   and IPC namespaces, limits, and a uid of its own. In the mapped design it
+   binds the host's weights into its copy of the model's tree
+   (`mapped_weights`) half-way, once its own ``/proc`` is mounted (a GPU's
+   driver starts nowhere else) and before its limits and identity;
 3. says ``ready`` and waits for exactly one ``run`` message.
 
 Then it runs that job with the `Runner` (the Python layer as before), reports
@@ -59,20 +60,25 @@ def live(
     """The whole life of a job process (called in the child right after fork; never returns).
 
     ``weights``: in the mapped design, the handles of the host's weights, bound
-    into this process's module tree before anything else (`mapped_weights`).
+    into this process's module tree while it takes its layers (`mapped_weights`).
     """
     status = 0
     channel = Channel(sock)
     try:
+        _detach_from_host(sock.fileno(), log_fd, weights or [])
+        from .job_layers import contain_job, host_pid
+
+        settle = None
         if weights is not None:
             from .mapped_weights import bind
 
-            bind(runner.model, weights)
-        _detach_from_host(sock.fileno(), log_fd)
-        from .job_layers import contain_job, host_pid
+            def settle() -> None:
+                bind(runner.model, weights)
+                for fd in weights:  # mapped now: the mappings hold what they need
+                    os.close(fd)
 
         uid = policy.limits.uid_base + host_pid()
-        report = contain_job(policy.limits, uid, memory_cgroup)
+        report = contain_job(policy.limits, uid, memory_cgroup, settle)
         import torch
 
         # The host never starts torch's thread pool (a pool started before
@@ -112,8 +118,11 @@ def live(
         os._exit(status)
 
 
-def _detach_from_host(channel_fd: int, log_fd: int) -> None:
-    """Keep nothing of the host's: only the channel, the log pipe as 1 and 2, /dev/null as 0."""
+def _detach_from_host(channel_fd: int, log_fd: int, weights: list[int]) -> None:
+    """Keep nothing of the host's: only the channel, the log pipe as 1 and 2, /dev/null as 0.
+
+    And the weights' descriptors (mapped design) until they are bound.
+    """
     import ctypes
 
     from .libc import PR_SET_PDEATHSIG, _c
@@ -125,7 +134,7 @@ def _detach_from_host(channel_fd: int, log_fd: int) -> None:
     os.dup2(null, 0)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
-    keep = sorted({0, 1, 2, channel_fd})
+    keep = sorted({0, 1, 2, channel_fd, *weights})
     start = 3
     for fd in keep[3:] + [os.sysconf("SC_OPEN_MAX")]:
         os.closerange(start, fd)
