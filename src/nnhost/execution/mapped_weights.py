@@ -138,12 +138,8 @@ def export(model: Any) -> ExportedWeights:
                 raw = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(tensor.untyped_storage())
                 whole[offsets[key]:offsets[key] + raw.numel()].copy_(raw)
             torch.cuda.synchronize(device)
-            for tensor in members:
-                start = offsets[tensor.untyped_storage().data_ptr()]
-                # The host's own parameters now live in the exported allocation.
-                tensor.data = torch.empty(0, dtype=tensor.dtype, device=device).set_(
-                    whole.untyped_storage(), start // tensor.element_size() + tensor.storage_offset(),
-                    tensor.size(), tensor.stride())
+            # The host's own parameters now live in the exported allocation.
+            point_into(members, whole, offsets)
         torch.cuda.empty_cache()
         # Every parameter of this device now shares the image's one storage.
         places[whole.untyped_storage().data_ptr()] = (len(images), 0)
@@ -168,6 +164,26 @@ def export(model: Any) -> ExportedWeights:
     layout = json.dumps({"images": images, "tensors": entries}).encode()
     fds.append(_sealed(layout))
     return ExportedWeights(fds, len(entries), [image["size"] for image in images], device_images)
+
+
+def point_into(members: list[Any], whole: Any, offsets: dict[int, int]) -> None:
+    """Re-point each parameter at its bytes in ``whole``, one storage that holds them all.
+
+    ``offsets`` maps each member's storage (by its pointer) to where its bytes
+    start in ``whole``. Every start is read before any parameter moves: a tied
+    parameter is one object listed under each of its names, and once moved
+    its storage is no longer one ``offsets`` knows (an H200 showed it as a
+    ``KeyError`` on GPT-2's tied embedding). Each object is moved once.
+    """
+    import torch
+
+    starts: dict[int, tuple[Any, int]] = {}
+    for tensor in members:
+        starts.setdefault(id(tensor), (tensor, offsets[tensor.untyped_storage().data_ptr()]))
+    for tensor, start in starts.values():
+        tensor.data = torch.empty(0, dtype=tensor.dtype, device=whole.device).set_(
+            whole.untyped_storage(), start // tensor.element_size() + tensor.storage_offset(),
+            tensor.size(), tensor.stride())
 
 
 def _sealed(data: bytes) -> int:
