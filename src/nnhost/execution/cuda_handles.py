@@ -95,6 +95,24 @@ def _check(result: int, call: str) -> None:
     raise CudaError(f"{call} failed: {(name.value or b'').decode() or result}")
 
 
+def _current_context(device: int) -> None:
+    """Make ``device``'s primary context current on this thread (torch's own, made if need be).
+
+    Every virtual-memory call acts in the thread's current context, and a
+    thread torch has not used on this device has none; the primary context is
+    the one the runtime, so torch, uses, so both see the same mappings.
+    """
+    cuda = driver()
+    current = ctypes.c_void_p()
+    _check(cuda.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+    handle = ctypes.c_int()
+    _check(cuda.cuDeviceGet(ctypes.byref(handle), device), "cuDeviceGet")
+    context = ctypes.c_void_p()
+    _check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), handle), "cuDevicePrimaryCtxRetain")
+    if current.value != context.value:
+        _check(cuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+
+
 def _prop(device: int) -> _AllocationProp:
     prop = _AllocationProp()
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED
@@ -124,6 +142,7 @@ class DeviceImage:
     @classmethod
     def create(cls, device: int, nbytes: int) -> "DeviceImage":
         """In the host: a new allocation of at least ``nbytes`` on ``device``, mapped read-write."""
+        _current_context(device)
         step = granularity(device)
         size = max(step, -(-nbytes // step) * step)
         handle = ctypes.c_ulonglong()
@@ -135,6 +154,7 @@ class DeviceImage:
     @classmethod
     def open(cls, device: int, fd: int, size: int) -> "DeviceImage":
         """In a job's process: the host's allocation behind ``fd``, mapped read-only."""
+        _current_context(device)
         handle = ctypes.c_ulonglong()
         # The POSIX descriptor is passed as the pointer's value, not through memory.
         _check(driver().cuMemImportFromShareableHandle(
