@@ -45,8 +45,10 @@ _SAFE_BUILTINS = frozenset(
     "staticmethod classmethod property".split()
 ) | _builtin_exception_names()  # a user's exception class derives from one
 
-#: Of `DEFINITION_GLOBALS`, what a payload may call: a named tuple's field accessor.
-DEFINITION_CALLABLES = (("_collections", "_tuplegetter"),)
+#: Of `DEFINITION_GLOBALS`, what a payload may call: a named tuple's field accessor,
+#: by the name each Python writes (``_collections`` up to 3.11, ``collections``
+#: from 3.12: a client on 3.12 was refused by name before this).
+DEFINITION_CALLABLES = (("_collections", "_tuplegetter"), ("collections", "_tuplegetter"))
 
 #: Wrappers a class body makes of its methods; a payload may call them to rebuild one.
 DESCRIPTOR_TYPES = (staticmethod, classmethod, property)
@@ -127,6 +129,7 @@ DEFINITION_GLOBALS: dict[tuple[str, str], Any] = {
     },
     **{("abc", name): _attribute("abc", name) for name in ("ABC", "ABCMeta", "abstractmethod")},
     ("_collections", "_tuplegetter"): _attribute("_collections", "_tuplegetter"),
+    ("collections", "_tuplegetter"): _attribute("collections", "_tuplegetter"),
     # The metaclass of a TypedDict (a skeleton is made with it).
     ("typing", "_TypedDictMeta"): _attribute("typing", "_TypedDictMeta"),
 }
