@@ -257,3 +257,13 @@ def test_operator_page_is_for_operators(watched, browser, user_key):  # noqa: F8
     refused = httpx.post(f"{watched.url}/admin/models/{TEST_REPO}/evict", follow_redirects=False)
     assert refused.status_code == 303 and "/login" in refused.headers["location"]
     assert overview_of(watched)["level"] == "HOT"
+
+
+def test_a_model_that_cannot_load_says_why_in_the_servers_log(watched):
+    """An operator reading the log sees why, not only a model that never becomes ready."""
+    assert watched.status()["deployments"][BROKEN]["application_state"] == "UNHEALTHY"
+    log = watched.log_path.read_text(errors="replace")
+    line = next((line for line in log.splitlines() if f"a replica of {BROKEN} is unhealthy" in line), None)
+    assert line is not None, log[-3000:]
+    assert "ERROR" in line
+    assert "Traceback" in log[log.index(line):]

@@ -25,6 +25,7 @@ it never decides which job runs (that is the scheduler's).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -35,9 +36,11 @@ from ..execution.worker import WorkerOptions
 from .catalog import Catalog, ModelKey, ModelSpec
 from .incidents import Tally
 from .scaling import Scaling
-from .contract import Level, PlacesOnNodes, Replica, ReplicaFactory, ReplicaStatus
+from .contract import Level, PlacesOnNodes, Replica, ReplicaFactory, ReplicaState, ReplicaStatus
 from .nodes import NodeRoom
 from .sizing import threads_per_job
+
+log = logging.getLogger("nnhost.deployments")
 
 OnJobEvent = Callable[[str, JobEvent], None]
 OnChange = Callable[[str], None]
@@ -188,7 +191,7 @@ class DeploymentManager(Scaling):
             name,
             options,
             on_job_event=lambda event: self._hop(self._on_job_event, spec.name, event),
-            on_state=lambda state: self._hop(self._on_change, spec.name),
+            on_state=lambda state: self._replica_state(spec.name, state),
             on_idle=lambda: self._hop(self._note_idle, spec.name, made[0]),
             kill_grace=self._kill_grace,
             on_incident=deployment.tally.note,
@@ -196,6 +199,14 @@ class DeploymentManager(Scaling):
         )
         made.append(replica)
         return replica
+
+    def _replica_state(self, name: str, state: ReplicaState) -> None:
+        # Called from the replica's side (a thread, or Ray's): an operator
+        # reading the server's log must see why a model did not come up, not
+        # only a deployment that never becomes ready.
+        if state.state is ReplicaStatus.UNHEALTHY:
+            log.error("a replica of %s is unhealthy: %s", name, state.description.strip()[-4000:])
+        self._hop(self._on_change, name)
 
     @staticmethod
     def _placement(spec: ModelSpec, level: Level) -> str:
