@@ -60,7 +60,10 @@ PROMPT = "The Eiffel Tower is in the city of"
 OTHER = "The Colosseum is in the city of"
 #: About 1.06B parameters: 24 blocks of width 1920 (GPT-2's shape, a small vocabulary).
 LARGE = dict(n_layer=24, n_embd=1920, n_head=16, n_positions=1024, vocab_size=512)
+#: About 150M parameters: a check that fits a short loan of a GPU with time to spare.
+MEDIUM = dict(n_layer=12, n_embd=1024, n_head=16, n_positions=1024, vocab_size=512)
 SMALL = dict(n_layer=2, n_embd=64, n_head=4, n_positions=128, vocab_size=512)
+SIZES = {"large": LARGE, "medium": MEDIUM, "small": SMALL}
 
 
 # --- the programs compared remote against local ------------------------------------------
@@ -261,6 +264,18 @@ def _same_structure(remote: Any, local: Any) -> Optional[str]:
     return None if remote == local else f"{remote!r} != {local!r}"
 
 
+def same_failure(local_error: Exception, run_remote: Callable[[], Any]) -> tuple[bool, str]:
+    """Whether the remote run fails as the local one did (a program this device or dtype cannot run)."""
+    first = (str(local_error).strip().splitlines() or [""])[0]
+    try:
+        run_remote()
+    except Exception as remote_error:
+        if first and first in str(remote_error):
+            return True, f"fails here locally too, with the same error ({type(local_error).__name__}: {first[:90]})"
+        return False, f"local: {type(local_error).__name__}: {first[:90]}; remote: {str(remote_error).strip()[:200]}"
+    return False, f"local fails ({type(local_error).__name__}: {first[:90]}) but the remote run completed"
+
+
 # --- escapes ------------------------------------------------------------------------------
 
 
@@ -323,6 +338,80 @@ def e_find_the_kept_tensor(model, remote):
     return kept
 
 
+# --- the driver's handles, alone ----------------------------------------------------------
+
+HANDLE_CHILD = r"""
+import sys, time
+started = time.perf_counter()
+import torch
+from nnhost.execution.cuda_handles import DeviceImage
+fd, size, count, device = (int(value) for value in sys.argv[1:5])
+torch.cuda.set_device(device)
+image = DeviceImage.open(device, fd, size)
+values = image.tensor(0, count * 4).view(torch.float32)
+expected = torch.arange(count, dtype=torch.float32, device=values.device)
+print("opened", f"{(time.perf_counter() - started) * 1000:.0f}ms", flush=True)
+print("read", "equal" if torch.equal(values, expected) else "DIFFERENT", flush=True)
+try:
+    values.fill_(0)
+    torch.cuda.synchronize()
+    print("write", "completed", flush=True)
+except Exception as error:
+    print("write", "refused", type(error).__name__, str(error).splitlines()[0][:160], flush=True)
+"""
+
+
+def check_handles(args: Any, check: "Check") -> None:
+    """The CUDA facts the mapped design rests on, outside any server.
+
+    The host-side allocation is exported as a descriptor; a fresh process (in
+    a PID namespace of its own where ``unshare`` allows it) imports it, maps it
+    read-only, reads it, and tries to write; then the exporter reads its own
+    copy again, which must be unchanged.
+    """
+    import shutil
+    import subprocess
+
+    import torch
+
+    from nnhost.execution.cuda_handles import DeviceImage
+
+    print("\n=== the driver's handles (cuda_handles), alone ===", flush=True)
+    device = torch.device(args.device).index or 0
+    count = 1 << 22
+    try:
+        torch.zeros(1, device=args.device)
+        image = DeviceImage.create(device, count * 4)
+        values = image.tensor(0, count * 4).view(torch.float32)
+        values.copy_(torch.arange(count, dtype=torch.float32, device=args.device))
+        torch.cuda.synchronize()
+        fd = image.export()
+    except Exception as error:
+        check.record("create, map and export an allocation", False, f"{type(error).__name__}: {error}")
+        return
+    check.record("create, map and export an allocation", True, f"{image.size} bytes")
+    # A job's process is PID 1 of its own namespace with that namespace's /proc
+    # (the driver fails to start under another namespace's: error 304).
+    prefix = ["unshare", "--pid", "--fork", "--mount-proc"] if shutil.which("unshare") else []
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    runs = [("in a PID namespace of its own", prefix)] if prefix else [("plain", [])]
+    for label, command in runs:
+        done = subprocess.run(
+            [*command, sys.executable, "-c", HANDLE_CHILD, str(fd), str(image.size), str(count), str(device)],
+            pass_fds=[fd], capture_output=True, text=True, timeout=120, env=env)
+        lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+        print(f"  child ({label}): exit {done.returncode}; " + "; ".join(f"{k} {v}" for k, v in lines.items()))
+        if done.returncode and "read" not in lines:
+            print("  " + done.stderr.strip()[-1200:].replace("\n", "\n  "))
+        check.record(f"a child ({label}) imports the descriptor and reads the weights",
+                     lines.get("read") == "equal", lines.get("read", "no read"))
+        check.record(f"a child's write ({label}) does not complete",
+                     not lines.get("write", "").startswith("completed"), lines.get("write", f"exit {done.returncode}"))
+        unchanged = torch.equal(values, torch.arange(count, dtype=torch.float32, device=args.device))
+        check.record(f"the exporter's copy is unchanged after the child's write ({label})", unchanged)
+    os.close(fd)
+
+
 # --- the run --------------------------------------------------------------------------------
 
 
@@ -347,12 +436,12 @@ def timed(function: Callable[[], Any], device: str) -> tuple[float, Any]:
     return time.perf_counter() - started, value
 
 
-def build(hf_home: Path, small: bool, dtype: str) -> Path:
+def build(hf_home: Path, size: str, dtype: str) -> Path:
     import torch
 
     from nnhost.models.tiny import TinyGPT2Spec, build_gpt2, save_to_cache
 
-    model, tokenizer = build_gpt2(TinyGPT2Spec(**(SMALL if small else LARGE)))
+    model, tokenizer = build_gpt2(TinyGPT2Spec(**SIZES[size]))
     model = model.to(getattr(torch, dtype))
     snapshot = save_to_cache(model, tokenizer, REPO_ID, hf_home)
     del model
@@ -378,7 +467,7 @@ def check_design(args: Any, execution: str, root: Path, url: str, port: int, hf_
     server = ServerProcess([], data_dir=data_dir, hf_home=hf_home, api_key=API_KEY, port=port, env=env)
     try:
         started = time.perf_counter()
-        server.start(timeout=600)
+        server.start(timeout=args.start_timeout)
         entry = next(iter(server.status()["deployments"].values()))
         print(f"server up in {time.perf_counter() - started:.1f}s: {entry.get('description', '')}")
         layers = entry.get("containment") or {}
@@ -407,6 +496,12 @@ def check_design(args: Any, execution: str, root: Path, url: str, port: int, hf_
         for name, program in listed:
             try:
                 local = to_cpu(program(local_model, False))
+            except Exception as error:
+                # Written for the CPU (numpy on a device tensor, an op bf16 lacks):
+                # what the server owes is the same error the local run gives.
+                check.record(name, *same_failure(error, lambda program=program: program(remote_model, url)))
+                continue
+            try:
                 remote = to_cpu(program(remote_model, url))
                 problem = same(remote, local)
                 check.record(name, problem is None, problem or "")
@@ -504,7 +599,7 @@ def ready_job_memory(device: str, server: Any) -> str:
     import subprocess
 
     pids = _tree(server.process.pid)
-    jobs = [pid for pid in pids if _parent_command(pid).endswith("nnhost.execution.template")]
+    jobs = [pid for pid in pids if " -m nnhost.execution.template" in _parent_command(pid)]
     host_kib = []
     for pid in jobs:
         try:
@@ -561,7 +656,11 @@ def _parent_command(pid: int) -> str:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda:0")
-    parser.add_argument("--small", action="store_true", help="a tiny model (for the CPU)")
+    parser.add_argument("--small", action="store_true", help="a tiny model (for the CPU): --size small")
+    parser.add_argument("--size", choices=sorted(SIZES), default="large",
+                        help="the model: large ~1B, medium ~150M, small (tiny, for the CPU)")
+    parser.add_argument("--start-timeout", type=float, default=600,
+                        help="seconds a server may take to serve its model before the check gives up on it")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--repeats", type=int, default=5, help="timed small traces per side")
     parser.add_argument("--executions", default="auto,mapped",
@@ -582,9 +681,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     point_client_at(url, API_KEY, root)
     hf_home = root / "server-hf"
     started = time.perf_counter()
-    snapshot = build(hf_home, args.small, dtype)
+    snapshot = build(hf_home, "small" if args.small else args.size, dtype)
     print(f"built {REPO_ID} in {time.perf_counter() - started:.1f}s at {snapshot}", flush=True)
     check = Check()
+    if args.device.startswith("cuda"):
+        check_handles(args, check)
     for execution in args.executions.split(","):
         check_design(args, execution, root, url, port, hf_home, snapshot, dtype, check)
     print()

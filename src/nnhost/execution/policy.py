@@ -53,7 +53,8 @@ class WorkerPolicy:
         """The design for a model whose home is ``device``.
 
         ``auto`` is fork on the CPU and in-process on accelerators: the mapped
-        design's device half (`cuda_handles`) has not yet run on a GPU, so an
+        design's device handles (`cuda_handles`) have passed their check on a
+        GPU, but the whole design has not yet served a job on one, so an
         accelerator gets it only when the operator asks for ``mapped``.
         """
         if not self.containment:
