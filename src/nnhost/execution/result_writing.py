@@ -90,10 +90,34 @@ def serialize_result(saves: dict, compress: bool) -> bytes:
     torch.save(dict(saves), buffer, pickle_module=_PICKLE_MODULE, pickle_protocol=_PROTOCOL)
     data = buffer.getvalue()
     if compress:
-        import zstandard
-
-        data = zstandard.ZstdCompressor(level=1, threads=-1).compress(data)
+        data = compress_result(data)
     return data
+
+
+#: Below this, one thread compresses faster than starting more.
+_THREADED_FROM = 8 * 1024 * 1024
+
+
+def compress_result(data: bytes) -> bytes:
+    """zstd at level 1: a few threads for a large blob, one where threads cannot be had.
+
+    A job's process may start only a few tasks (``RLIMIT_NPROC``, its
+    cgroup's ``pids.max``), and the in-process host's budget is shared with
+    torch's and the driver's threads; zstd reports a thread it could not start
+    as "Allocation error: not enough memory". ``threads=-1`` (one per core)
+    is the likely cause of that very error for a two-prompt result on a
+    16-core GPU host; a job held to one task reproduces it on the CPU. Where
+    threads cannot be had, compression goes on in this thread.
+    """
+    import zstandard
+
+    threads = min(4, os.cpu_count() or 1) if len(data) >= _THREADED_FROM else 0
+    if threads > 1:
+        try:
+            return zstandard.ZstdCompressor(level=1, threads=threads).compress(data)
+        except zstandard.ZstdError:
+            pass
+    return zstandard.ZstdCompressor(level=1).compress(data)
 
 
 def write_all(fd: int, data: bytes) -> None:
