@@ -25,7 +25,7 @@ from ..auth.limits import describe, retry_after
 from ..jobs.job import Job, Status
 from ..web import STATIC
 from . import replies
-from .deps import client_address, server_of
+from .deps import access_of, accounts_of, client_address, server_of
 from .pages import (
     SESSION_COOKIE,
     Viewer,
@@ -99,15 +99,16 @@ async def login_page(request: Request, next: str = "/keys") -> Response:
 @router.post("/login")
 async def login(request: Request) -> Response:
     viewer = viewer_of(request)
-    if viewer is not None and server_of(request).access.open:
+    if viewer is not None and access_of(server_of(request)).open:
         return redirect("/keys")
     form, refusal = await read_form(request, None)
     if refusal:
         return refusal
+    assert form is not None  # read_form gives a form or a refusal
     email, target = form_field(form, "email"), safe_next(form_field(form, "next"))
     try:
         signed = await password_work(
-            request, server_of(request).accounts.login,
+            request, accounts_of(server_of(request)).login,
             email, form_field(form, "password"), client_address(request),
         )
     except Throttled as error:
@@ -137,15 +138,16 @@ async def signup_page(request: Request, invite: str = "") -> Response:
 
 @router.post("/signup")
 async def signup(request: Request) -> Response:
-    if server_of(request).access.open:
+    if access_of(server_of(request)).open:
         return redirect("/keys")
     form, refusal = await read_form(request, None)
     if refusal:
         return refusal
+    assert form is not None  # read_form gives a form or a refusal
     email, invite = form_field(form, "email"), form_field(form, "invite")
     password = form_field(form, "password")
 
-    def again(status: int, error: str, headers: Optional[dict] = None) -> HTMLResponse:
+    def again(status: int, error: str, headers: Optional[dict[str, str]] = None) -> HTMLResponse:
         return render(
             request, "signup.html", viewer=None, status=status, headers=headers,
             email=email, invite=invite, error=error,
@@ -155,7 +157,7 @@ async def signup(request: Request) -> Response:
         return again(400, "The two passwords differ. Type the same password twice.")
     try:
         signed = await password_work(
-            request, server_of(request).accounts.signup, email, password, invite, client_address(request)
+            request, accounts_of(server_of(request)).signup, email, password, invite, client_address(request)
         )
     except Throttled as error:
         status = 503 if isinstance(error, Busy) else 429
@@ -173,7 +175,7 @@ async def logout(request: Request) -> Response:
     form, refusal = await read_form(request, viewer)
     if refusal:
         return refusal
-    server_of(request).accounts.logout(viewer.session_token)
+    accounts_of(server_of(request)).logout(viewer.session_token)
     response = redirect("/login")
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response
@@ -204,7 +206,7 @@ def _keys_page(
         notice=notice,
         error=error,
         expiry_choices=list(KEY_EXPIRY),
-        limits=describe(server.access.limits(viewer.principal)),
+        limits=describe(access_of(server).limits(viewer.principal)),
         base_url=base,
         example_model=next(iter(server.catalog), None),
     )
@@ -234,6 +236,7 @@ async def create_key(request: Request) -> Response:
     form, refusal = await read_form(request, viewer)
     if refusal:
         return refusal
+    assert form is not None  # read_form gives a form or a refusal
     name = form_field(form, "name").strip()[:100] or "web"
     expiry = form_field(form, "expires") or "never"
     if expiry not in KEY_EXPIRY:

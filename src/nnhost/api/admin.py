@@ -7,7 +7,7 @@ job id is a 404, so ids reveal nothing.
 
 from __future__ import annotations
 
-from typing import Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ValidationError
@@ -15,6 +15,9 @@ from pydantic import BaseModel, ValidationError
 from ..auth.keys import Principal
 from ..jobs.front import Refused
 from .deps import BodyTooLarge, bounded, require_principal, server_of, validation_problems
+
+if TYPE_CHECKING:
+    from ..app import Server
 
 router = APIRouter()
 
@@ -54,31 +57,31 @@ async def read_json(request: Request, model: type[Body]) -> Body:
 
 
 @router.post("/admin/deploy")
-async def deploy(request: Request) -> dict:
+async def deploy(request: Request) -> dict[str, Any]:
     # The key first, the body after: nobody's body is read before they are known.
     require_admin(request)
     body = await read_json(request, DeployBody)
     return await deploy_model(server_of(request), body.model, body.level)
 
 
-async def deploy_model(server, name: str, level: str) -> dict:
+async def deploy_model(server: Server, name: str, level: str) -> dict[str, Any]:
     """Bring ``name`` to ``level`` (hot or warm); HTTPException when it cannot be."""
     return await _ask(server, "deploy", model=name, level=level)
 
 
 @router.post("/admin/evict")
-async def evict(request: Request) -> dict:
+async def evict(request: Request) -> dict[str, Any]:
     require_admin(request)
     body = await read_json(request, EvictBody)
     return await evict_model(server_of(request), body.model)
 
 
-async def evict_model(server, name: str) -> dict:
+async def evict_model(server: Server, name: str) -> dict[str, Any]:
     """Make ``name`` COLD; HTTPException when it has work."""
     return await _ask(server, "evict", model=name)
 
 
-async def _ask(server, kind: str, **args) -> dict:
+async def _ask(server: Server, kind: str, **args: str) -> dict[str, Any]:
     try:
         return await server.jobs.command(kind, **args)
     except Refused as refusal:
@@ -88,7 +91,7 @@ async def _ask(server, kind: str, **args) -> dict:
 @router.get("/admin/jobs")
 async def list_jobs(
     request: Request, user: Optional[str] = None, model: Optional[str] = None, limit: int = 100
-) -> dict:
+) -> dict[str, Any]:
     require_admin(request)
     server = server_of(request)
     user_id = None
@@ -116,7 +119,7 @@ async def list_jobs(
 
 
 @router.post("/jobs/{job_id}/cancel")
-async def cancel(job_id: str, request: Request) -> dict:
+async def cancel(job_id: str, request: Request) -> dict[str, Any]:
     principal = require_principal(request)
     server = server_of(request)
     job = server.jobs.get(job_id)

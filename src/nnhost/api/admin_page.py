@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, HTTPException, Request
@@ -21,8 +22,11 @@ from fastapi.responses import Response
 from ..jobs.job import Job, Status
 from .admin import deploy_model, evict_model
 from .deps import server_of
-from .pages import message, read_form, redirect, render, to_login, viewer_of
+from .pages import Viewer, message, read_form, redirect, render, to_login, viewer_of
 from .status_page import overview
+
+if TYPE_CHECKING:
+    from ..app import Server
 
 router = APIRouter(include_in_schema=False)
 
@@ -46,7 +50,7 @@ class JobLine:
     age: float
 
 
-def _operator(request: Request):
+def _operator(request: Request) -> tuple[Optional[Viewer], Optional[Response]]:
     """(viewer, None) for an admin; (None, response) for anyone else."""
     viewer = viewer_of(request)
     if viewer is None:
@@ -57,7 +61,7 @@ def _operator(request: Request):
     return viewer, None
 
 
-async def _operator_form(request: Request):
+async def _operator_form(request: Request) -> tuple[Optional[Viewer], Optional[Response]]:
     """(viewer, None) for an admin's button with a good CSRF token; (None, response) else."""
     viewer, refusal = _operator(request)
     if refusal is None:
@@ -65,7 +69,7 @@ async def _operator_form(request: Request):
     return (viewer, None) if refusal is None else (None, refusal)
 
 
-def _lines(server, jobs: list[Job]) -> list[JobLine]:
+def _lines(server: Server, jobs: list[Job]) -> list[JobLine]:
     owners: dict[int, str] = {}
     now = time.time()
     lines = []

@@ -6,18 +6,21 @@ nnsight client shows a 4xx ``detail`` verbatim.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, cast
 
 from fastapi import HTTPException, Request, WebSocket
 from packaging.version import InvalidVersion, Version
 from pydantic import ValidationError
+from starlette.types import Message
 
-from ..auth.access import Throttled
+from ..auth.access import Access, Throttled
 from ..auth.keys import KeyProblem, Principal
 from ..auth.limits import Limits, retry_after
 
 if TYPE_CHECKING:
     from ..app import Server
+    from ..auth.accounts import Accounts
+    from ..telemetry.metrics import Metrics
 
 API_KEY_HEADER = "ndif-api-key"
 
@@ -28,11 +31,31 @@ _HOW_TO_SET_KEY = (
 
 
 def server_of(request: Request) -> "Server":
-    return request.app.state.server
+    server: Server = request.app.state.server
+    return server
 
 
 def server_of_socket(websocket: WebSocket) -> "Server":
-    return websocket.app.state.server
+    server: Server = websocket.app.state.server
+    return server
+
+
+def access_of(server: "Server") -> Access:
+    """The server's `Access` (the composition root always builds one before serving)."""
+    assert server.access is not None
+    return server.access
+
+
+def accounts_of(server: "Server") -> Accounts:
+    """The server's `Accounts` (the composition root always builds them before serving)."""
+    assert server.accounts is not None
+    return server.accounts
+
+
+def metrics_of(server: "Server") -> Metrics:
+    """The server's `Metrics` (the composition root always builds them before serving)."""
+    assert server.metrics is not None
+    return server.metrics
 
 
 def client_address(request: Request) -> str:
@@ -61,7 +84,7 @@ def bounded(request: Request, limit: int) -> Request:
         raise BodyTooLarge(int(declared), limit, known=True)
     receive, received = request.receive, 0
 
-    async def counted_receive():
+    async def counted_receive() -> Message:
         nonlocal received
         message = await receive()
         if message.get("type") == "http.request":
@@ -88,14 +111,14 @@ def too_many(error: Throttled) -> HTTPException:
 
 def identify(server: "Server", key: Optional[str]) -> Optional[Principal]:
     """The key's owner, or None (never raises): for routes that work anonymously."""
-    return server.access.identify(key)
+    return access_of(server).identify(key)
 
 
 def require_principal(request: Request) -> Principal:
     """The caller, or a 401/403 saying how to fix the key (429: the address keeps guessing)."""
     server = server_of(request)
     try:
-        check = server.access.authenticate(
+        check = access_of(server).authenticate(
             request.headers.get(API_KEY_HEADER), client_address(request)
         )
     except Throttled as error:
@@ -112,7 +135,8 @@ def require_principal(request: Request) -> Principal:
     }
     raise HTTPException(
         403,
-        f"{reasons[check.problem]}. Get a new key from the server's operator or its "
+        # A check without a principal always names its problem.
+        f"{reasons[cast(KeyProblem, check.problem)]}. Get a new key from the server's operator or its "
         f"key page, then use it: {_HOW_TO_SET_KEY}",
     )
 
@@ -120,7 +144,7 @@ def require_principal(request: Request) -> Principal:
 def admit(request: Request, principal: Principal) -> Limits:
     """Let one more request in for ``principal`` under their tags' limits, or a 429."""
     try:
-        return server_of(request).access.admit(principal)
+        return access_of(server_of(request)).admit(principal)
     except Throttled as error:
         raise too_many(error) from None
 

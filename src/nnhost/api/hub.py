@@ -174,6 +174,7 @@ def create_hub_router(
         snap, error = lookup(repo_of(request), revision)
         if error is not None:
             return error
+        assert snap is not None  # lookup gives a snapshot or an error
         blobs = request.query_params.get("blobs", "").lower() in ("1", "true")
         return JSONResponse(hub_info.model_info(snap, ids, blobs))
 
@@ -188,8 +189,9 @@ def create_hub_router(
         snap, error = lookup(repo_of(request), request.path_params["revision"])
         if error is not None:
             return error
+        assert snap is not None  # lookup gives a snapshot or an error
         query = request.query_params
-        flag = lambda name: query.get(name, "").lower() in ("1", "true")  # noqa: E731
+        flag: Callable[[str], bool] = lambda name: query.get(name, "").lower() in ("1", "true")  # noqa: E731
         path = request.path_params.get("path", "")
         return JSONResponse(hub_info.tree(snap, ids, path, flag("recursive"), flag("expand")))
 
@@ -198,6 +200,7 @@ def create_hub_router(
         snap, error = lookup(repo_of(request), request.path_params["revision"])
         if error is not None:
             return error
+        assert snap is not None  # lookup gives a snapshot or an error
         filename = request.path_params["filename"]
         real = snap.file(filename)
         if real is None:
@@ -219,21 +222,21 @@ def create_hub_router(
         return FileResponse(real, headers=headers, media_type=media_type)
 
     # ----- registration: two-part ids first, then legacy one-part ids -----
-    model_info, model_info_at, tree, resolve_file = map(
+    guarded_info, guarded_info_at, guarded_tree, guarded_file = map(
         _guarded, (model_info, model_info_at, tree, resolve_file)
     )
     for repo in ("{org}/{name}", "{name}"):
-        router.add_api_route(f"/api/models/{repo}", model_info, methods=["GET"])
+        router.add_api_route(f"/api/models/{repo}", guarded_info, methods=["GET"])
         router.add_api_route(
-            f"/api/models/{repo}/revision/{{revision:path}}", model_info_at, methods=["GET"]
+            f"/api/models/{repo}/revision/{{revision:path}}", guarded_info_at, methods=["GET"]
         )
-        router.add_api_route(f"/api/models/{repo}/tree/{{revision}}", tree, methods=["GET"])
+        router.add_api_route(f"/api/models/{repo}/tree/{{revision}}", guarded_tree, methods=["GET"])
         router.add_api_route(
-            f"/api/models/{repo}/tree/{{revision}}/{{path:path}}", tree, methods=["GET"]
+            f"/api/models/{repo}/tree/{{revision}}/{{path:path}}", guarded_tree, methods=["GET"]
         )
         router.add_api_route(
             f"/{repo}/resolve/{{revision}}/{{filename:path}}",
-            resolve_file,
+            guarded_file,
             methods=["GET", "HEAD"],
         )
 

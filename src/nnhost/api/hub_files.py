@@ -31,7 +31,7 @@ import re
 import stat
 import threading
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, TypedDict
 
 __all__ = [
     "WEIGHT_SUFFIXES",
@@ -190,18 +190,35 @@ class Snapshot:
 # --------------------------------------------------------------------------
 
 
+class LfsInfo(TypedDict):
+    """A large file's LFS identity: its sha256, size, and the size of its pointer file."""
+
+    oid: str
+    size: int
+    pointerSize: int
+
+
+class FileDescription(TypedDict):
+    """What `FileIds.describe` says of a file."""
+
+    size: int
+    oid: str
+    etag: str
+    lfs: Optional[LfsInfo]
+
+
 class FileIds:
     """Hashes of served files, computed once per (path, size, mtime)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._cache: dict[tuple, dict] = {}
+        self._cache: dict[tuple[str, int, int], FileDescription] = {}
 
     @staticmethod
     def is_lfs(rel: str, size: int) -> bool:
         return is_weight_file(rel) or size >= LFS_THRESHOLD
 
-    def describe(self, rel: str, real: Path) -> dict:
+    def describe(self, rel: str, real: Path) -> FileDescription:
         """``size``, ``oid`` (git blob id), ``lfs`` (None or sha256 and pointer info)."""
         st = real.stat()
         key = (str(real), st.st_size, st.st_mtime_ns)
@@ -219,7 +236,7 @@ class FileIds:
                 "version https://git-lfs.github.com/spec/v1\n"
                 f"oid sha256:{sha256}\nsize {size}\n"
             ).encode()
-            info = {
+            info: FileDescription = {
                 "size": size,
                 "oid": _git_blob_id(pointer),
                 "etag": sha256,

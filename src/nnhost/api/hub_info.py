@@ -24,7 +24,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from .hub_files import FileIds, Snapshot, split_relative
 
@@ -48,7 +48,7 @@ _PIPELINE_AUTO = {
 }
 
 
-def _read_json(path: Optional[Path]) -> dict:
+def _read_json(path: Optional[Path]) -> dict[str, Any]:
     if path is None:
         return {}
     try:
@@ -58,7 +58,7 @@ def _read_json(path: Optional[Path]) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _card_metadata(readme: Optional[Path]) -> dict:
+def _card_metadata(readme: Optional[Path]) -> dict[str, Any]:
     """``pipeline_tag``, ``library_name`` and ``tags`` from a model card's header."""
     if readme is None:
         return {}
@@ -69,7 +69,7 @@ def _card_metadata(readme: Optional[Path]) -> dict:
     match = re.match(r"---\s*\n(.*?)\n---\s*(\n|$)", text, re.S)
     if not match:
         return {}
-    found: dict = {}
+    found: dict[str, Any] = {}
     lines = match.group(1).splitlines()
     for index, line in enumerate(lines):
         key, _, value = line.partition(":")
@@ -86,7 +86,7 @@ def _card_metadata(readme: Optional[Path]) -> dict:
     return found
 
 
-def _pipeline_tag(config: dict) -> Optional[str]:
+def _pipeline_tag(config: dict[str, Any]) -> Optional[str]:
     explicit = config.get("pipeline_tag")
     if isinstance(explicit, str) and explicit:
         return explicit
@@ -98,7 +98,7 @@ def _pipeline_tag(config: dict) -> Optional[str]:
     return None
 
 
-def _safetensors_parameters(paths: list[Path]) -> Optional[dict]:
+def _safetensors_parameters(paths: list[Path]) -> Optional[dict[str, Any]]:
     """Parameter counts by dtype, read from safetensors headers (no weights read)."""
     counts: dict[str, int] = {}
     for path in paths:
@@ -130,7 +130,7 @@ def _iso(moment: _dt.datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
-def model_info(snap: Snapshot, ids: FileIds, blobs: bool) -> dict:
+def model_info(snap: Snapshot, ids: FileIds, blobs: bool) -> dict[str, Any]:
     files = list(snap.files())
     by_name = dict(files)
     config = _read_json(by_name.get("config.json"))
@@ -158,7 +158,7 @@ def model_info(snap: Snapshot, ids: FileIds, blobs: bool) -> dict:
 
     siblings = []
     for rel, real in files:
-        sibling: dict = {"rfilename": rel}
+        sibling: dict[str, Any] = {"rfilename": rel}
         if blobs:
             described = ids.describe(rel, real)
             sibling["size"] = described["size"]
@@ -174,7 +174,7 @@ def model_info(snap: Snapshot, ids: FileIds, blobs: bool) -> dict:
 
     modified = _iso(snap.last_modified())
     namespace = snap.repo_id.split("/")[0] if "/" in snap.repo_id else None
-    info: dict = {
+    info: dict[str, Any] = {
         "_id": hashlib.sha1(snap.repo_id.encode()).hexdigest()[:24],
         "id": snap.repo_id,
         "modelId": snap.repo_id,
@@ -195,7 +195,7 @@ def model_info(snap: Snapshot, ids: FileIds, blobs: bool) -> dict:
         "usedStorage": sum(real.stat().st_size for _, real in files),
     }
     if config:
-        summary: dict = {}
+        summary: dict[str, Any] = {}
         for key in ("architectures", "model_type"):
             if key in config:
                 summary[key] = config[key]
@@ -220,7 +220,7 @@ def model_info(snap: Snapshot, ids: FileIds, blobs: bool) -> dict:
     return info
 
 
-def tree(snap: Snapshot, ids: FileIds, path: str, recursive: bool, expand: bool) -> list:
+def tree(snap: Snapshot, ids: FileIds, path: str, recursive: bool, expand: bool) -> list[dict[str, Any]]:
     """The Hub's tree listing of folder ``path`` ("" = the root)."""
     if path:
         parts = split_relative(path)
@@ -229,7 +229,7 @@ def tree(snap: Snapshot, ids: FileIds, path: str, recursive: bool, expand: bool)
         prefix = "/".join(parts) + "/"
     else:
         prefix = ""
-    entries: list[dict] = []
+    entries: list[dict[str, Any]] = []
     folders: dict[str, list[str]] = {}
     for rel, real in snap.files():
         if not rel.startswith(prefix):
@@ -243,7 +243,7 @@ def tree(snap: Snapshot, ids: FileIds, path: str, recursive: bool, expand: bool)
         if len(rest) > 1 and not recursive:
             continue
         described = ids.describe(rel, real)
-        entry: dict = {
+        entry: dict[str, Any] = {
             "type": "file",
             "oid": described["oid"],
             "size": described["size"],

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import re
 import uuid
-from typing import Optional
+from typing import Callable, Optional
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..telemetry.logs import request_id
 
@@ -24,7 +26,7 @@ HEADER = b"x-request-id"
 _SANE = re.compile(r"[\x21-\x7e]{1,128}")
 
 
-def _incoming(scope) -> Optional[str]:
+def _incoming(scope: Scope) -> Optional[str]:
     for name, value in scope.get("headers", ()):
         if name == HEADER:
             text = value.decode("latin-1")
@@ -33,12 +35,14 @@ def _incoming(scope) -> Optional[str]:
 
 
 class RequestIds:
-    def __init__(self, app, count=None) -> None:
+    def __init__(
+        self, app: ASGIApp, count: Optional[Callable[[str, str, str], None]] = None
+    ) -> None:
         self.app = app
         #: Called with (method, route, code) once per HTTP response.
         self.count = count
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
@@ -46,7 +50,7 @@ class RequestIds:
         token = request_id.set(rid)
         code = {"value": 500}
 
-        async def send_with_id(message) -> None:
+        async def send_with_id(message: Message) -> None:
             if message["type"] in ("http.response.start", "websocket.http.response.start",
                                    "websocket.accept"):
                 code["value"] = message.get("status", 101)

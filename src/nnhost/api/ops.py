@@ -12,7 +12,7 @@ import sys
 from functools import lru_cache
 from importlib.metadata import distributions, packages_distributions
 
-from typing import Optional
+from typing import Any, Optional
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import PlainTextResponse, Response
@@ -20,7 +20,7 @@ from fastapi.responses import PlainTextResponse, Response
 from ..telemetry.metrics import CONTENT_TYPE_LATEST
 
 from ..auth.access import Throttled
-from .deps import API_KEY_HEADER, client_address, server_of, too_many
+from .deps import API_KEY_HEADER, access_of, client_address, metrics_of, server_of, too_many
 
 router = APIRouter()
 
@@ -54,7 +54,7 @@ async def ping() -> str:
 
 
 @router.get("/status")
-async def status(request: Request) -> dict:
+async def status(request: Request) -> dict[str, Any]:
     board = server_of(request).jobs.board()
     status = {"deployments": board["deployments"], "devices": board["devices"]}
     if "nodes" in board:
@@ -67,15 +67,15 @@ async def status(request: Request) -> dict:
 
 
 @router.get("/env")
-async def env() -> dict:
+async def env() -> dict[str, Any]:
     return {"python_version": sys.version, "packages": installed_packages()}
 
 
 @router.get("/whoami")
-async def whoami(request: Request) -> dict:
+async def whoami(request: Request) -> dict[str, Any]:
     # Counted like any other key check, so /whoami is no faster an oracle than /request.
     try:
-        check = server_of(request).access.authenticate(
+        check = access_of(server_of(request)).authenticate(
             request.headers.get(API_KEY_HEADER), client_address(request)
         )
     except Throttled as error:
@@ -106,7 +106,7 @@ async def metrics(request: Request) -> Response:
         # Its histograms move by one job at a time: another user's result size,
         # hence input length, could be read off them. Operators only.
         try:
-            check = server.access.authenticate(metrics_key(request), client_address(request))
+            check = access_of(server).authenticate(metrics_key(request), client_address(request))
         except Throttled as error:
             raise too_many(error) from None
         if check.principal is None:
@@ -118,5 +118,5 @@ async def metrics(request: Request) -> Response:
         if not METRICS_TAGS & set(check.principal.tags):
             raise HTTPException(403, "/metrics is for keys tagged admin or metrics; yours is not.")
     # On the event loop, like every change to what it reads: one consistent moment.
-    body = server.metrics.exposition()
+    body = metrics_of(server).exposition()
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional, Union
 from urllib.parse import quote
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse
+from starlette.datastructures import FormData
 
 from ..auth.accounts import SignedIn
 from ..auth.keys import Principal
 from ..auth.sessions import csrf_matches, csrf_token
 from ..web import environment
-from .deps import BodyTooLarge, bounded, server_of
+from .deps import BodyTooLarge, access_of, accounts_of, bounded, server_of
 
 SESSION_COOKIE = "nnhost_session"
 FORM_COOKIE = "nnhost_form"
@@ -55,10 +56,12 @@ def is_https(request: Request) -> bool:
 
 def viewer_of(request: Request) -> Optional[Viewer]:
     server = server_of(request)
-    if server.access.open:
-        return Viewer(server.access.local_admin, None)
+    access = access_of(server)
+    if access.open:
+        assert access.local_admin is not None  # an open server always has its local admin
+        return Viewer(access.local_admin, None)
     token = request.cookies.get(SESSION_COOKIE)
-    principal = server.accounts.sessions.principal(token)
+    principal = accounts_of(server).sessions.principal(token)
     return Viewer(principal, token) if principal is not None else None
 
 
@@ -79,8 +82,8 @@ def render(
     *,
     viewer: Optional[Viewer],
     status: int = 200,
-    headers: Optional[dict] = None,
-    **context,
+    headers: Optional[dict[str, str]] = None,
+    **context: Any,
 ) -> HTMLResponse:
     server = server_of(request)
     secret, purpose, new_cookie = _csrf_secret(request, viewer)
@@ -88,7 +91,7 @@ def render(
         viewer=viewer,
         csrf=csrf_token(secret, purpose),
         signup_mode=server.settings.signup,
-        open_mode=server.access.open,
+        open_mode=access_of(server).open,
         **context,
     )
     response = HTMLResponse(html, status_code=status, headers={**_HEADERS, **(headers or {})})
@@ -110,7 +113,7 @@ def message(
     status: int,
     title: str,
     text: str,
-    headers: Optional[dict] = None,
+    headers: Optional[dict[str, str]] = None,
 ) -> HTMLResponse:
     """A page that only says something (not found, form expired...)."""
     return render(
@@ -134,7 +137,9 @@ def safe_next(target: Optional[str]) -> str:
     return "/keys"
 
 
-async def read_form(request: Request, viewer: Optional[Viewer]):
+async def read_form(
+    request: Request, viewer: Optional[Viewer]
+) -> Union[tuple[FormData, None], tuple[None, HTMLResponse]]:
     """The POSTed form, or an HTML refusal when it is too big or its CSRF token is wrong."""
     try:
         form = await bounded(request, _MAX_FORM_BYTES).form(max_files=0, max_fields=16)
@@ -157,7 +162,7 @@ async def read_form(request: Request, viewer: Optional[Viewer]):
     return form, None
 
 
-def form_field(form, name: str) -> str:
+def form_field(form: FormData, name: str) -> str:
     value = form.get(name)
     return value if isinstance(value, str) else ""
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from typing import TYPE_CHECKING, AsyncIterator, Optional, Union
 
 from fastapi import APIRouter, HTTPException, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
-from starlette.datastructures import UploadFile
+from starlette.datastructures import FormData, UploadFile
 
 from ..deployments.catalog import InvalidModelKey
+from ..jobs.bus import Frame
 from ..jobs.front import SessionNotOwned, Submission, UnknownModel
 from ..jobs.update import JobUpdate
 from ..storage.results import ResultMissing
@@ -33,6 +35,9 @@ from .deps import (
     server_of_socket,
     validation_problems,
 )
+
+if TYPE_CHECKING:
+    from ..app import Server
 
 router = APIRouter()
 log = logging.getLogger("nnhost.api")
@@ -54,7 +59,7 @@ def _too_large(size: int, limit: int, known: bool = True) -> HTTPException:
     )
 
 
-async def _read_form(request: Request, limit: int):
+async def _read_form(request: Request, limit: int) -> FormData:
     try:
         return await bounded(request, limit).form(max_files=2, max_fields=8)
     except BodyTooLarge as error:
@@ -65,7 +70,7 @@ async def _read_form(request: Request, limit: int):
         raise HTTPException(400, f"The request body is not a valid multipart form: {error}") from None
 
 
-def _parse_envelope(raw) -> Submission:
+def _parse_envelope(raw: Union[UploadFile, str, None]) -> Submission:
     if not isinstance(raw, str):
         raise HTTPException(422, "The form field 'data' is missing: it must hold the request's JSON.")
     try:
@@ -82,7 +87,7 @@ def _parse_envelope(raw) -> Submission:
 
 
 @router.post("/request")
-async def submit_request(request: Request):
+async def submit_request(request: Request) -> JSONResponse:
     server = server_of(request)
     check_client_version(request)
     principal = require_principal(request)
@@ -108,7 +113,7 @@ async def submit_request(request: Request):
 
 
 @router.get("/response/{job_id}")
-async def job_response(job_id: str, request: Request):
+async def job_response(job_id: str, request: Request) -> JSONResponse:
     server = server_of(request)
     principal = require_principal(request)
     job = server.jobs.get(job_id)
@@ -119,7 +124,9 @@ async def job_response(job_id: str, request: Request):
 
 
 @router.get("/result/{job_id}")
-async def job_result(job_id: str, request: Request, expires: int = 0, sig: str = ""):
+async def job_result(
+    job_id: str, request: Request, expires: int = 0, sig: str = ""
+) -> StreamingResponse:
     """A result by its signed link, streamed from the result store (no key: the link is the key)."""
     server = server_of(request)
     if not server.signer.verify(job_id, expires, sig):
@@ -136,7 +143,7 @@ async def job_result(job_id: str, request: Request, expires: int = 0, sig: str =
     if body is None:
         raise HTTPException(410, "This result is no longer kept on the server. Run the request again.")
 
-    async def chunks():
+    async def chunks() -> AsyncIterator[bytes]:
         try:
             while chunk := await asyncio.to_thread(body.read, RESULT_CHUNK):
                 yield chunk
@@ -153,7 +160,7 @@ async def job_result(job_id: str, request: Request, expires: int = 0, sig: str =
     )
 
 
-def _frame(server, published):
+def _frame(server: Server, published: Frame) -> Optional[Union[str, bytes]]:
     """What the client gets for a published update; None for one that does not decode."""
     try:
         return replies.update_frame(server, JobUpdate.decode(published))
@@ -163,7 +170,7 @@ def _frame(server, published):
 
 
 @router.websocket("/subscribe")
-async def subscribe(websocket: WebSocket):
+async def subscribe(websocket: WebSocket) -> None:
     server = server_of_socket(websocket)
     principal = identify(server, websocket.headers.get(API_KEY_HEADER))
     await websocket.accept()

@@ -10,17 +10,20 @@ client used, or ``public_url``), or, when a small result rides along, the
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ..jobs.job import Job, Status
 from ..jobs.update import JobUpdate
 from ..wire import Response
 
+if TYPE_CHECKING:
+    from ..app import Server
+
 #: Shortest lifetime of a result link, even for a result about to expire.
 MIN_LINK_TTL = 60.0
 
 
-def result_url(server, job_id: str, expires_at: Optional[float], base_url: str) -> Optional[str]:
+def result_url(server: Server, job_id: str, expires_at: Optional[float], base_url: str) -> Optional[str]:
     if expires_at is None:
         return None
     base = (server.settings.public_url or base_url).rstrip("/")
@@ -28,7 +31,7 @@ def result_url(server, job_id: str, expires_at: Optional[float], base_url: str) 
     return server.results.signed_url(job_id, ttl, base)
 
 
-def _response(server, job_id: str, status: Status, description: str, meta: Optional[dict],
+def _response(server: Server, job_id: str, status: Status, description: str, meta: Optional[dict[str, Any]],
               expires_at: Optional[float], base_url: str, inline: Optional[bytes] = None) -> Response:
     """What the client parses for a job at ``status``: ``data`` is the inline result, or
     on COMPLETED a signed link; ``meta`` only once the job has ended."""
@@ -39,13 +42,13 @@ def _response(server, job_id: str, status: Status, description: str, meta: Optio
                     meta=meta if status.final else None)
 
 
-def job_response(server, job: Job, base_url: str) -> Response:
+def job_response(server: Server, job: Job, base_url: str) -> Response:
     """The Response for ``job`` as it stands (a link when it COMPLETED)."""
     return _response(server, job.id, job.status, job.description, job.meta,
                      job.result_expires_at, base_url)
 
 
-def update_frame(server, update: JobUpdate) -> str | bytes:
+def update_frame(server: Server, update: JobUpdate) -> str | bytes:
     """The websocket frame for a published update: JSON text, or bytes with an inline result."""
     status = Status(update.status)
     inline = update.inline if status is Status.COMPLETED else None

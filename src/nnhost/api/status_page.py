@@ -12,6 +12,7 @@ JSON ``/status`` the nnsight client reads is a different route and unchanged.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -20,13 +21,16 @@ from ..deployments.contract import ReplicaStatus
 from .deps import server_of
 from .pages import render, viewer_of
 
+if TYPE_CHECKING:
+    from ..app import Server
+
 router = APIRouter(include_in_schema=False)
 
 #: When this process started serving, for the page's uptime.
 STARTED = time.time()
 
 
-def overview(server) -> dict:
+def overview(server: Server) -> dict[str, Any]:
     """The controller's board (`jobs.board`), with the service's state and this page's clock."""
     data = server.jobs.board()
     models = data.get("models", [])
@@ -46,7 +50,7 @@ def overview(server) -> dict:
 
 
 @router.get("/api/overview")
-async def overview_json(request: Request) -> dict:
+async def overview_json(request: Request) -> dict[str, Any]:
     return overview(server_of(request))
 
 
