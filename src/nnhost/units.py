@@ -45,6 +45,7 @@ def parse_size(value: Any) -> int:
     """Bytes from ``1048576``, ``"512MB"``, ``"1.5GiB"``; ValueError naming what is accepted."""
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a size; use {SIZE_HELP}")
+    number: float
     if isinstance(value, int):
         number, factor = value, 1
     elif isinstance(value, float):

@@ -59,7 +59,7 @@ class Response(BaseModel):
     status: str
     description: str = ""
     data: Optional[Any] = None
-    meta: Optional[dict] = None
+    meta: Optional[dict[Any, Any]] = None
 
     def pickle(self) -> bytes:
         """``torch.save`` of the fields, as the client's binary-frame parser expects."""

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Any, Iterator, Union, cast
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import OperationalError
 
 from .errors import DatabaseError
@@ -35,10 +35,11 @@ class Database:
         self.shown = shown(check_url(url))
         self.dialect = self.url.get_backend_name()
         if self.dialect == "sqlite":
-            Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
+            # check_url refused a SQLite URL without a file, so the URL names one.
+            Path(cast(str, self.url.database)).parent.mkdir(parents=True, exist_ok=True)
             self.engine = _sqlite_engine(self.url)
             self._reader: Engine = self.engine
-            self._writer = self.engine.execution_options(**{_WRITES: True})
+            self._writer: Engine = self.engine.execution_options(**{_WRITES: True})
         else:
             self.engine = create_engine(
                 self.url,
@@ -72,7 +73,7 @@ class Database:
 _WRITES = "nnhost_writes"
 
 
-def _sqlite_engine(url) -> Engine:
+def _sqlite_engine(url: URL) -> Engine:
     """SQLite with real transactions: a write takes the write lock when it begins.
 
     Python's driver would begin a transaction only at the first INSERT/UPDATE,
@@ -85,13 +86,13 @@ def _sqlite_engine(url) -> Engine:
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 5})
 
     @event.listens_for(engine, "connect")
-    def _pragmas(dbapi_connection, _record):
+    def _pragmas(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
         for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=5000"):
             dbapi_connection.execute(f"PRAGMA {pragma}")
 
     @event.listens_for(engine, "begin")
-    def _begin(connection):
+    def _begin(connection: Connection) -> None:
         if connection.get_execution_options().get(_WRITES):
             connection.exec_driver_sql("BEGIN IMMEDIATE")
 

@@ -15,12 +15,16 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import create_engine, event, text
-from sqlalchemy.engine import URL, Connection
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
 from .errors import DatabaseError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 log = logging.getLogger(__name__)
 # Alembic reports each step (and its plugins, on import) at INFO; one line of ours
@@ -32,7 +36,7 @@ _LOCK_KEY = 0x6E6E686F7374
 
 
 @lru_cache(maxsize=1)
-def _config():
+def _config() -> Config:
     from alembic.config import Config
 
     config = Config()
@@ -40,7 +44,7 @@ def _config():
     return config
 
 
-def head() -> str:
+def head() -> str | None:
     from alembic.script import ScriptDirectory
 
     return ScriptDirectory.from_config(_config()).get_current_head()
@@ -85,14 +89,14 @@ def migrate(url: URL, shown: str) -> None:
         engine.dispose()
 
 
-def _transactional_sqlite(engine) -> None:
+def _transactional_sqlite(engine: Engine) -> None:
     """Let SQLite run DDL inside a real transaction that also takes the write lock."""
 
     @event.listens_for(engine, "connect")
-    def _autocommit_driver(dbapi_connection, _record):
+    def _autocommit_driver(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # the driver's own implicit BEGINs off
         dbapi_connection.execute("PRAGMA busy_timeout=30000")
 
     @event.listens_for(engine, "begin")
-    def _begin(connection):
+    def _begin(connection: Connection) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")

@@ -20,7 +20,7 @@ from .tables import shared_values
 def get_or_create(database: Database, name: str, make: Callable[[], str]) -> str:
     query = select(shared_values.c.value).where(shared_values.c.name == name)
     with database.read() as db:
-        value = db.execute(query).scalar()
+        value: str | None = db.execute(query).scalar()
     if value is not None:
         return value
     try:
@@ -29,4 +29,5 @@ def get_or_create(database: Database, name: str, make: Callable[[], str]) -> str
     except IntegrityError:
         pass  # another process made it first: use theirs
     with database.read() as db:
-        return db.execute(query).scalar_one()
+        made: str = db.execute(query).scalar_one()
+        return made

@@ -29,14 +29,15 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
 )
+from sqlalchemy.engine import Dialect
 
 #: Seconds since the epoch: REAL on SQLite (as nnhost always had it), double precision elsewhere.
-Seconds = Double().with_variant(REAL(), "sqlite")
+Seconds: Double[float] = Double().with_variant(REAL(), "sqlite")
 #: A 64-bit count; on SQLite INTEGER, which is already 64-bit (and, as a key, the rowid).
 Count = BigInteger().with_variant(Integer(), "sqlite")
 
 
-class FreeText(TypeDecorator):
+class FreeText(TypeDecorator[str]):
     """Text written by users or their code: what no database can hold is replaced.
 
     PostgreSQL refuses NUL characters in text and neither database can encode a
@@ -46,7 +47,7 @@ class FreeText(TypeDecorator):
     impl = Text
     cache_ok = True
 
-    def process_bind_param(self, value, dialect):
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
         if value is None:
             return value
         if "\x00" in value:

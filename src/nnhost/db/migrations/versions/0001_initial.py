@@ -18,7 +18,7 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
-Seconds = sa.Double().with_variant(sa.REAL(), "sqlite")
+Seconds: sa.Double[float] = sa.Double().with_variant(sa.REAL(), "sqlite")
 
 
 def upgrade() -> None:

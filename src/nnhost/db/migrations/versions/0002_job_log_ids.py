@@ -8,6 +8,8 @@ Revision ID: 0002
 Revises: 0001
 """
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -16,11 +18,11 @@ down_revision = "0001"
 branch_labels = None
 depends_on = None
 
-Seconds = sa.Double().with_variant(sa.REAL(), "sqlite")
+Seconds: sa.Double[float] = sa.Double().with_variant(sa.REAL(), "sqlite")
 
 
 def _rebuild(with_id: bool) -> None:
-    columns = [
+    columns: list[sa.Column[Any]] = [
         sa.Column("job_id", sa.Text, nullable=False),
         sa.Column("at", Seconds, nullable=False),
         sa.Column("line", sa.Text, nullable=False),

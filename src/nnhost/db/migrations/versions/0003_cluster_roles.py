@@ -16,7 +16,7 @@ down_revision = "0002"
 branch_labels = None
 depends_on = None
 
-Seconds = sa.Double().with_variant(sa.REAL(), "sqlite")
+Seconds: sa.Double[float] = sa.Double().with_variant(sa.REAL(), "sqlite")
 Count = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 
