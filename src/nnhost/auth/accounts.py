@@ -120,6 +120,7 @@ class Accounts:
             self.invites.bind(invite.id, user_id)
         self.access.signups.record(address)
         principal = self.keys.principal(user_id)
+        assert principal is not None  # the account just made, and not disabled
         return SignedIn(principal, self.sessions.create(user_id))
 
     def login(self, email: str, password: str, address: str) -> SignedIn:
@@ -140,6 +141,7 @@ class Accounts:
         principal, stored, disabled = record
         if disabled:
             raise AccountError("This account is disabled. Ask the server's operator.")
+        assert stored is not None  # verify_password matched it
         if needs_rehash(stored):
             self.keys.set_password_hash(principal.user_id, hash_password(password))
         return SignedIn(principal, self.sessions.create(principal.user_id))

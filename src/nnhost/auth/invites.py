@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Executable, insert, select, update
 from sqlalchemy.engine import RowMapping
 
 from ..db import Database
@@ -51,7 +51,7 @@ class InviteStore:
         self.database = database
         self._lock = threading.Lock()
 
-    def _write(self, statement) -> int:
+    def _write(self, statement: Executable) -> int:
         with self._lock, self.database.write() as db:
             return db.execute(statement).rowcount
 

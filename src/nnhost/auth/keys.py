@@ -22,9 +22,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import Executable, Select, bindparam, func, insert, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.exc import IntegrityError
 
@@ -149,11 +149,11 @@ class KeyStore:
         self.database = database
         self._lock = threading.Lock()
 
-    def _one(self, query) -> Optional[RowMapping]:
+    def _one(self, query: Select[Any]) -> Optional[RowMapping]:
         with self.database.read() as db:
             return db.execute(query).mappings().first()
 
-    def _write(self, statement) -> int:
+    def _write(self, statement: Executable) -> int:
         """Run one statement in its own transaction; returns the rows it touched."""
         with self._lock, self.database.write() as db:
             return db.execute(statement).rowcount
@@ -176,7 +176,9 @@ class KeyStore:
         )
         try:
             with self._lock, self.database.write() as db:
-                return int(db.execute(statement).inserted_primary_key[0])
+                key = db.execute(statement).inserted_primary_key
+                assert key is not None  # an INSERT into a table with an integer key always has one
+                return int(key[0])
         except IntegrityError:
             raise UserExists(f"There is already an account for {email}.") from None
 

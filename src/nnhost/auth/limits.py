@@ -281,7 +281,7 @@ class FailureCounter:
         return self._script(f"nnhost:{self.name}:{address}", action, self.limit, self.window,
                             secrets.token_hex(4))
 
-    def _recent(self, address: str, now: float) -> deque:
+    def _recent(self, address: str, now: float) -> deque[float]:
         # Only the newest `limit` failures decide a block, so a source that keeps
         # failing costs `limit` timestamps, not one per attempt.
         failures = self._failures.get(address)

@@ -19,11 +19,12 @@ job ids, emails or keys), so cardinality stays bounded by the catalog.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
 
 from ..deployments.incidents import Incident
 from ..deployments.manager import COLD, HOT, WARM
@@ -101,14 +102,14 @@ class JobMetrics:
 class _StateCollector:
     """What the server is doing right now, read at each scrape from the controller's board."""
 
-    def __init__(self, board: Callable[[], dict], sessions: Callable[[], int]) -> None:
+    def __init__(self, board: Callable[[], dict[str, Any]], sessions: Callable[[], int]) -> None:
         self._board = board
         self._sessions = sessions
 
-    def describe(self) -> list:
+    def describe(self) -> list[Metric]:
         return []  # the families depend on the catalog; collected on each scrape
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         board = self._board()
         queue = GaugeMetricFamily("nnhost_queue_length", "Requests waiting, by model.", labels=["model"])
         running = GaugeMetricFamily("nnhost_jobs_running", "Requests running now, by model.", labels=["model"])
@@ -162,7 +163,7 @@ class Metrics:
     """
 
     def __init__(
-        self, board: Callable[[], dict], sessions: Callable[[], int], models: Iterable[str]
+        self, board: Callable[[], dict[str, Any]], sessions: Callable[[], int], models: Iterable[str]
     ) -> None:
         self.registry = CollectorRegistry()
         self.jobs = JobMetrics(self.registry, models)

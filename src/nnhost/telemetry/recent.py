@@ -12,7 +12,7 @@ import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 WINDOW = 3600.0
 
@@ -40,7 +40,7 @@ class RecentJobs:
         while self._ended and self._ended[0].at < now - self.window:
             self._ended.popleft()
 
-    def summary(self, model: str, now: Optional[float] = None) -> dict:
+    def summary(self, model: str, now: Optional[float] = None) -> dict[str, Any]:
         """Median wait and run time (seconds) and counts of ``model``'s jobs in the window."""
         now = time.time() if now is None else now
         self._prune(now)
@@ -54,7 +54,7 @@ class RecentJobs:
             "errors": sum(1 for e in mine if not e.completed),
         }
 
-    def per_minute(self, minutes: int = 60, now: Optional[float] = None) -> list[dict]:
+    def per_minute(self, minutes: int = 60, now: Optional[float] = None) -> list[dict[str, int]]:
         """Jobs that ended in each of the last ``minutes`` minutes, oldest first."""
         now = time.time() if now is None else now
         self._prune(now)
