@@ -1,6 +1,6 @@
 """Identity snapshots of attribute dicts: what `ModelGuard` compares and puts back.
 
-One `_DictSnapshot` holds an object's attribute dict (a module's, a class's,
+One `DictSnapshot` holds an object's attribute dict (a module's, a class's,
 the tokenizer's, nnsight's ``CONFIG``'s) by identity, one level into the
 containers it holds, so that a hook registered in ``_forward_hooks`` counts as
 a change. `restore` puts every key back as it was and says what changed.
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 _CONTAINERS = (dict, list, set)
 
 
-class _DictSnapshot:
+class DictSnapshot:
     """Identity snapshot of one object's attribute dict, one level into containers."""
 
     __slots__ = ("owner", "name", "items", "contents", "quiet")
@@ -31,7 +31,7 @@ class _DictSnapshot:
         self.name = name
         #: Keys the library itself resets on every run: put back without a report.
         self.quiet = quiet if isinstance(quiet, frozenset) else frozenset(quiet)
-        namespace = _namespace(owner)
+        namespace = attribute_namespace(owner)
         self.items = dict(namespace)
         self.contents = {
             key: (list(value.items()) if isinstance(value, dict) else list(value))
@@ -40,7 +40,7 @@ class _DictSnapshot:
         }
 
     def restore(self, report: GuardReport, deep: bool = True) -> None:
-        namespace = _namespace(self.owner)
+        namespace = attribute_namespace(self.owner)
         if namespace is None:
             return
         changed = []
@@ -80,7 +80,7 @@ _PRIMITIVES = (str, int, float, bool, bytes, type(None))
 _CACHES = frozenset({"__slotnames__", "__warningregistry__"})
 
 
-class _All(frozenset):
+class AllKeys(frozenset):
     """A ``quiet`` set that contains every key."""
 
     def __contains__(self, key: object) -> bool:
@@ -107,7 +107,7 @@ def _inherited(owner: Any, key: str, value: Any) -> bool:
     return False
 
 
-def _namespace(owner: Any) -> Optional[dict]:
+def attribute_namespace(owner: Any) -> Optional[dict]:
     if isinstance(owner, type):
         return dict(owner.__dict__)
     try:

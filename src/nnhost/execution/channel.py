@@ -21,7 +21,7 @@ import array
 import json
 import os
 import socket
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 #: Longest packet accepted (a LOG line is at most 8 KiB; a traceback is cut to 64 KiB).
 MAX_MESSAGE = 256 * 1024
@@ -51,7 +51,7 @@ class Channel:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, message: dict, fds: Sequence[int] = ()) -> None:
+    def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
         data = json.dumps(message, separators=(",", ":"), default=str).encode()
         if len(data) > MAX_MESSAGE:
             raise ValueError(f"message of {len(data)} bytes is over {MAX_MESSAGE}")
@@ -60,7 +60,7 @@ class Channel:
             ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
         self.sock.sendmsg([data], ancillary)
 
-    def recv(self) -> tuple[Optional[dict], list[int]]:
+    def recv(self) -> tuple[Optional[dict[str, Any]], list[int]]:
         """The next message and its descriptors; ``(None, [])`` once the peer is gone."""
         data, ancillary, flags, _ = self.sock.recvmsg(
             MAX_MESSAGE + 1, socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)

@@ -49,9 +49,9 @@ import ctypes
 import os
 import resource
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, Optional
 
-from .filesystem_layer import _contain_filesystem
+from .filesystem_layer import contain_filesystem
 from .libc import (
     CLONE_NEWIPC,
     CLONE_NEWNET,
@@ -63,10 +63,10 @@ from .libc import (
     PR_SET_DUMPABLE,
     PR_SET_NO_NEW_PRIVS,
     PR_SET_PDEATHSIG,
-    _c,
-    _check,
-    _mount,
-    _unshare,
+    c_library,
+    check,
+    mount,
+    unshare,
 )
 
 MiB = 1024 * 1024
@@ -83,7 +83,7 @@ class ContainmentPolicy:
 
     enabled: bool = True
     #: Folders and files the worker must not see (data dir, model cache, ...).
-    hide: list = field(default_factory=list)
+    hide: list[str] = field(default_factory=list)
     #: Size of the private scratch tmpfs at /tmp.
     scratch_bytes: int = 256 * MiB
     #: Memory a job may use on top of what the loaded worker already maps (0: 8 GiB).
@@ -99,8 +99,8 @@ class ContainmentPolicy:
 
 @dataclass
 class ContainmentReport:
-    active: list = field(default_factory=list)
-    unavailable: dict = field(default_factory=dict)
+    active: list[str] = field(default_factory=list)
+    unavailable: dict[str, str] = field(default_factory=dict)
     enabled: bool = True
 
     def describe(self) -> str:
@@ -113,7 +113,7 @@ class ContainmentReport:
             )
         return text
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "active": list(self.active), "unavailable": dict(self.unavailable)}
 
 
@@ -128,8 +128,8 @@ def enter_private_namespaces() -> Optional[str]:
     Returns why it failed, or None.
     """
     try:
-        _unshare(CLONE_NEWNS | CLONE_NEWIPC, "mount+ipc namespaces")
-        _mount("none", "/", None, MS_REC | MS_PRIVATE)
+        unshare(CLONE_NEWNS | CLONE_NEWIPC, "mount+ipc namespaces")
+        mount("none", "/", None, MS_REC | MS_PRIVATE)
         return None
     except (OSError, AttributeError) as error:
         return str(error)
@@ -175,7 +175,7 @@ def _set_limit(kind: int, value: int) -> None:
     resource.setrlimit(kind, (value, value))
 
 
-def _apply_limits(policy: ContainmentPolicy, reserve: int) -> list[str]:
+def apply_limits(policy: ContainmentPolicy, reserve: int) -> list[str]:
     # RLIMIT_DATA rather than RLIMIT_AS: it counts the private writable memory
     # a job allocates, not address space reserved without being used (thread
     # stacks, allocator arenas, an accelerator's mappings), nor the read-only
@@ -191,8 +191,8 @@ def _apply_limits(policy: ContainmentPolicy, reserve: int) -> list[str]:
     return [f"memory {memory // MiB} MiB", f"{max(policy.extra_tasks, 8)} extra tasks"]
 
 
-def _drop_identity(uid: int, gid: int) -> None:
-    libc = _c()
+def drop_identity(uid: int, gid: int) -> None:
+    libc = c_library()
     # Changing credentials clears the parent-death signal: keep the worker's.
     death_signal = ctypes.c_int(0)
     libc.prctl(PR_GET_PDEATHSIG, ctypes.addressof(death_signal), 0, 0, 0)
@@ -200,9 +200,9 @@ def _drop_identity(uid: int, gid: int) -> None:
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
     if death_signal.value:
-        _check(libc.prctl(PR_SET_PDEATHSIG, death_signal.value, 0, 0, 0), "prctl(PDEATHSIG)")
-    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
-    _check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(DUMPABLE)")
+        check(libc.prctl(PR_SET_PDEATHSIG, death_signal.value, 0, 0, 0), "prctl(PDEATHSIG)")
+    check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+    check(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(DUMPABLE)")
     with open("/proc/self/status") as file:
         effective = next(line for line in file if line.startswith("CapEff:")).split()[1]
     if int(effective, 16) != 0:
@@ -229,7 +229,7 @@ def contain(
     root = os.geteuid() == 0
     uid = gid = policy.uid_base + os.getpid()
 
-    def layer(name: str, action, needs_root: bool = False) -> None:
+    def layer(name: str, action: Callable[[], object], needs_root: bool = False) -> None:
         if needs_root and not root:
             report.unavailable[name] = "needs root"
             return
@@ -242,12 +242,12 @@ def contain(
     if namespaces_problem:
         report.unavailable["filesystem"] = f"no mount namespace: {namespaces_problem}"
     else:
-        layer("filesystem", lambda: _contain_filesystem(policy, uid, gid), needs_root=True)
-    layer("network", lambda: _unshare(CLONE_NEWNET, "network namespace"), needs_root=True)
+        layer("filesystem", lambda: contain_filesystem(policy, uid, gid), needs_root=True)
+    layer("network", lambda: unshare(CLONE_NEWNET, "network namespace"), needs_root=True)
     layer("environment", _wipe_environment)
-    layer("memory", lambda: _check(0 if _c().mallopt(M_PERTURB, 0xA5) == 1 else 1, "mallopt"))
+    layer("memory", lambda: check(0 if c_library().mallopt(M_PERTURB, 0xA5) == 1 else 1, "mallopt"))
     if host_only:
         return report
-    layer("limits", lambda: _apply_limits(policy, reserve_bytes))
-    layer("identity", lambda: _drop_identity(uid, gid), needs_root=True)
+    layer("limits", lambda: apply_limits(policy, reserve_bytes))
+    layer("identity", lambda: drop_identity(uid, gid), needs_root=True)
     return report

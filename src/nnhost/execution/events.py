@@ -23,7 +23,7 @@ class JobSpec:
     #: The payload is zstd-compressed, and the result must be too.
     compress: bool
     #: Per-request model environment (`_remoteable_set_env`).
-    env: dict = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
     #: Where to write the result blob (the worker writes it directly).
     result_path: str = ""
     #: Seconds of execution allowed.
@@ -39,9 +39,9 @@ class JobSpec:
     #: The snapshot of the PEFT adapter ``env`` names, found by the server
     #: (`models.adapters`); the job's process gets its files as descriptors.
     adapter_path: str = ""
-    adapter_fds: list = field(default_factory=list)
+    adapter_fds: list[int] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -57,10 +57,10 @@ class JobEvent:
     job_id: str
     status: str
     description: str = ""
-    meta: Optional[dict] = None
+    meta: Optional[dict[str, Any]] = None
     result_size: Optional[int] = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod

@@ -19,7 +19,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from .libc import MS_BIND, MS_MOVE, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, MS_REC, MS_REMOUNT, _mount
+from .libc import MS_BIND, MS_MOVE, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, MS_REC, MS_REMOUNT, mount
 
 if TYPE_CHECKING:
     from .containment import ContainmentPolicy
@@ -65,15 +65,15 @@ def mount_scratch(policy: ContainmentPolicy, uid: int, gid: int) -> None:
     # those folders open, cover /tmp, then bind them back, read-only.
     kept = _import_roots_under("/tmp")
     handles = [os.open(root, os.O_RDONLY | os.O_DIRECTORY) for root in kept]
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy.scratch_bytes},{options}")
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy.scratch_bytes},{options}")
     for root, handle in zip(kept, handles):
         os.makedirs(root, mode=0o755, exist_ok=True)
-        _mount(f"/proc/self/fd/{handle}", root, None, MS_BIND | MS_REC)
-        _mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _flags_of(root))
+        mount(f"/proc/self/fd/{handle}", root, None, MS_BIND | MS_REC)
+        mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _flags_of(root))
         os.close(handle)
     for point in scratch[1:]:
         if os.path.isdir(point) and not os.path.islink(point):
-            _mount("tmpfs", point, "tmpfs", MS_NOSUID | MS_NODEV, f"size={16 * MiB},{options}")
+            mount("tmpfs", point, "tmpfs", MS_NOSUID | MS_NODEV, f"size={16 * MiB},{options}")
     # Stand-ins for the user databases: the machine's accounts are nobody's business.
     stand_ins = {
         "/etc/passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\nnnhost:x:{uid}:{gid}:nnhost worker:/tmp:/usr/sbin/nologin\n",
@@ -86,10 +86,10 @@ def mount_scratch(policy: ContainmentPolicy, uid: int, gid: int) -> None:
             with open(stand_in, "w") as file:
                 file.write(text)
             os.chmod(stand_in, 0o644)
-            _mount(stand_in, path, None, MS_BIND)
+            mount(stand_in, path, None, MS_BIND)
 
 
-def _contain_filesystem(policy: ContainmentPolicy, uid: int, gid: int) -> None:
+def contain_filesystem(policy: ContainmentPolicy, uid: int, gid: int) -> None:
     scratch = ("/tmp", "/dev/shm", "/var/tmp")
     mount_scratch(policy, uid, gid)
     hidden = dict.fromkeys(os.path.realpath(p) for p in list(policy.hide) + list(DEFAULT_HIDDEN) if p)
@@ -100,9 +100,9 @@ def _contain_filesystem(policy: ContainmentPolicy, uid: int, gid: int) -> None:
         if os.path.isdir(real):
             _hide_directory(real)
         else:
-            _mount("/dev/null", real, None, MS_BIND)
+            mount("/dev/null", real, None, MS_BIND)
     try:
-        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
     except OSError:
         pass  # the old /proc stays; it is made read-only with the rest
     keep_writable = set(scratch)
@@ -110,7 +110,7 @@ def _contain_filesystem(policy: ContainmentPolicy, uid: int, gid: int) -> None:
         if point in keep_writable or point.startswith("/tmp/"):
             continue
         try:
-            _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _flags_of(point))
+            mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _flags_of(point))
         except OSError:
             if point == "/":
                 raise
@@ -159,10 +159,10 @@ def _hide_directory(real: str) -> None:
     for keep in keeps:
         stage = f"/tmp/.nnhost-keep/{next(_stages)}"
         os.makedirs(stage, exist_ok=True)
-        _mount(keep, stage, None, MS_BIND | MS_REC)
+        mount(keep, stage, None, MS_BIND | MS_REC)
         staged.append((stage, keep))
-    _mount("tmpfs", real, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
+    mount("tmpfs", real, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
     for stage, keep in staged:
         os.makedirs(keep, mode=0o755, exist_ok=True)
-        _mount(stage, keep, None, MS_MOVE)
-    _mount(None, real, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        mount(stage, keep, None, MS_MOVE)
+    mount(None, real, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)

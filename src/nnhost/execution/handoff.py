@@ -50,7 +50,7 @@ def send_job(channel: Any, spec: JobSpec) -> None:
             os.close(fd)
 
 
-def receive_job(message: dict, fds: list) -> JobSpec:
+def receive_job(message: dict[str, Any], fds: list[int]) -> JobSpec:
     """In the job's process: the spec of a ``run`` message, with its descriptors."""
     if message.get("type") != "run" or not isinstance(message.get("job"), dict):
         raise OSError("the server did not send a job")

@@ -58,8 +58,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .attribute_snapshots import _All, _DictSnapshot, _namespace
-from .process_state import _children, _process_state, _restore_process_state, _stop_children
+from .attribute_snapshots import AllKeys, DictSnapshot, attribute_namespace
+from .process_state import child_processes, process_state, restore_process_state, stop_children
 from .weights import WeightImage, WeightSeal, fingerprint
 
 
@@ -175,38 +175,38 @@ class ModelGuard:
         from .fresh_memory import protected_storages
 
         self._protected = protected_storages(tensor for _, tensor, _ in self.fingerprints)
-        self.objects = [_DictSnapshot(m, f"module {n or 'model'}") for n, m in module.named_modules()]
+        self.objects = [DictSnapshot(m, f"module {n or 'model'}") for n, m in module.named_modules()]
         for key, obj in self.persistent_objects.items():
             if not isinstance(obj, torch.nn.Module):
                 # nnsight resets its interleaver's run state on every request:
                 # it is put back all the same, but is not worth a word to the user.
-                quiet = _All() if key == "Interleaver" else ()
-                self.objects.append(_DictSnapshot(obj, key, quiet))
+                quiet = AllKeys() if key == "Interleaver" else ()
+                self.objects.append(DictSnapshot(obj, key, quiet))
         for name in ("tokenizer", "pipeline", "config"):
             obj = getattr(self.model, name, None) if name != "config" else getattr(module, "config", None)
-            if obj is not None and _namespace(obj) is not None:
+            if obj is not None and attribute_namespace(obj) is not None:
                 if not any(snapshot.owner is obj for snapshot in self.objects):
-                    self.objects.append(_DictSnapshot(obj, name))
+                    self.objects.append(DictSnapshot(obj, name))
         try:  # nnsight's own settings object (e.g. CONFIG.APP.DEBUG, CONFIG.API.HOST)
-            from nnsight import CONFIG
+            from nnsight import CONFIG  # type: ignore[import-untyped]
 
             for name, value in [("nnsight.CONFIG", CONFIG)] + [
                 (f"nnsight.CONFIG.{key}", item) for key, item in vars(CONFIG).items()
             ]:
-                if _namespace(value) is not None:
-                    self.objects.append(_DictSnapshot(value, name))
+                if attribute_namespace(value) is not None:
+                    self.objects.append(DictSnapshot(value, name))
         except ImportError:
             pass
         # Plain modules refuse writes from user code as they happen, so only
         # classes and the modules that could not be guarded are compared.
         self.namespaces = [
-            _DictSnapshot(owner, label)
+            DictSnapshot(owner, label)
             for owner, label in self._library_owners()
             if not isinstance(owner, _GuardedModule)
         ]
-        self.state = _process_state()
+        self.state = process_state()
         self.threads = threading.active_count()
-        self.children = _children()
+        self.children = child_processes()
 
     def _library_owners(self) -> list[tuple[Any, str]]:
         import torch
@@ -280,8 +280,8 @@ class ModelGuard:
                     report.restored.append("buffer values")
         if self.seal is not None and self.seal.changed():
             report.fatal.append("a weight's values changed")
-        _restore_process_state(self.state, report)
-        stopped = _stop_children(self.children)
+        restore_process_state(self.state, report)
+        stopped = stop_children(self.children)
         if stopped:
             report.restored.append(f"stopped {stopped} process(es) the request left running")
         if threading.active_count() > self.threads:

@@ -41,7 +41,7 @@ from typing import Callable, Optional
 from . import containment, syscall_filter
 from .containment import ContainmentPolicy, ContainmentReport
 from .filesystem_layer import mount_scratch
-from .libc import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, M_PERTURB, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, _c, _mount, _unshare
+from .libc import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, M_PERTURB, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, c_library, mount, unshare
 
 CLONE_NEWPID = 0x20000000
 CGROUPS = "/sys/fs/cgroup"
@@ -83,7 +83,7 @@ class PidNamespaces:
     def fork(self) -> int:
         if self._own is None:
             return os.fork()
-        libc = _c()
+        libc = c_library()
         if libc.unshare(CLONE_NEWPID) != 0:
             import ctypes
 
@@ -119,7 +119,7 @@ def contain_job(
         return report
     root = os.geteuid() == 0
 
-    def layer(name: str, action, needs_root: bool = False) -> None:
+    def layer(name: str, action: Callable[[], object], needs_root: bool = False) -> None:
         if needs_root and not root:
             report.unavailable[name] = "needs root"
             return
@@ -133,15 +133,15 @@ def contain_job(
         report.active.append("pid namespace")
     else:
         report.unavailable["pid namespace"] = "the host could not create one"
-    layer("ipc", lambda: _unshare(CLONE_NEWIPC, "ipc namespace"), needs_root=True)
-    layer("network", lambda: _unshare(CLONE_NEWNET, "network namespace"), needs_root=True)
+    layer("ipc", lambda: unshare(CLONE_NEWIPC, "ipc namespace"), needs_root=True)
+    layer("network", lambda: unshare(CLONE_NEWNET, "network namespace"), needs_root=True)
     layer("filesystem", lambda: _fresh_filesystem(policy, uid), needs_root=True)
     layer("limits", lambda: _limits(policy, memory_cgroup))
     layer("shared pages", _private_shared_pages)
     layer("heap", _stop_perturbing)
     if settle is not None:
         settle()
-    layer("identity", lambda: containment._drop_identity(uid, uid), needs_root=True)
+    layer("identity", lambda: containment.drop_identity(uid, uid), needs_root=True)
     # Last: it refuses the calls the layers above made (unshare, mount).
     layer("system calls", syscall_filter.apply)
     return report
@@ -153,20 +153,20 @@ def _stop_perturbing() -> None:
     # with it: what it frees, no later job can read. Left on, glibc would fill
     # every allocation at malloc and again at free, and torch's large buffers
     # would cost eight times as long to allocate as on an unshielded machine.
-    if _c().mallopt(M_PERTURB, 0) != 1:
+    if c_library().mallopt(M_PERTURB, 0) != 1:
         raise OSError("mallopt(M_PERTURB, 0) refused")
 
 
 def _fresh_filesystem(policy: ContainmentPolicy, uid: int) -> None:
-    _unshare(CLONE_NEWNS, "mount namespace")
+    unshare(CLONE_NEWNS, "mount namespace")
     mount_scratch(policy, uid, uid)
     if os.getpid() == 1:
         # /proc of this job's own pid namespace: no other process is in it.
-        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
     if os.path.isdir(CGROUPS):
         # The control groups' figures (the peak memory of the server's group,
         # hence of earlier jobs) are nobody's business: an empty folder instead.
-        _mount("tmpfs", CGROUPS, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555")
+        mount("tmpfs", CGROUPS, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555")
 
 
 def _private_shared_pages() -> None:
@@ -177,7 +177,7 @@ def _private_shared_pages() -> None:
     hold it for the next, or read what the last one wrote. The page keeps its
     address and contents, as private memory, so code that uses it still works.
     """
-    libc = _c()
+    libc = c_library()
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     with open("/proc/self/maps") as file:
@@ -205,7 +205,7 @@ def _vm_size() -> int:
 
 
 def _limits(policy: ContainmentPolicy, memory_cgroup: bool) -> None:
-    containment._apply_limits(policy, 0)
+    containment.apply_limits(policy, 0)
     if not memory_cgroup:
         # No group counts shared mappings: bound the address space instead
         # (coarser: it also counts reserved, untouched memory).

@@ -125,9 +125,9 @@ def _detach_from_host(channel_fd: int, log_fd: int, weights: list[int]) -> None:
     """
     import ctypes
 
-    from .libc import PR_SET_PDEATHSIG, _c
+    from .libc import PR_SET_PDEATHSIG, c_library
 
-    _c().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    c_library().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -153,7 +153,7 @@ def run_one(spec: JobSpec, runner: Any, channel: Channel) -> None:
     checked = time.perf_counter()
     before = shared_state()
     check_seconds = time.perf_counter() - checked
-    final: list[dict] = []
+    final: list[dict[str, Any]] = []
 
     def emit(event: JobEvent) -> None:
         message = {"type": "event", **event.to_dict()}
@@ -185,7 +185,9 @@ def run_one(spec: JobSpec, runner: Any, channel: Channel) -> None:
 
 def _flush_output() -> None:
     """Everything written to stdout/stderr reaches the LOG pipe before the final event."""
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+    # ``sys.__stdout__`` may be None: its AttributeError is passed over like any other.
+    streams: tuple[Any, ...] = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+    for stream in streams:
         try:
             stream.flush()
         except Exception:
@@ -216,7 +218,7 @@ def _run_test_hook(spec: JobSpec, channel: Channel, runner: Any) -> None:
     os.lseek(replacement, 0, os.SEEK_SET)
     os.close(spec.payload_fd)
     spec.payload_fd = replacement
-    namespace: dict = {"channel": channel, "spec": spec, "model": runner.model, "runner": runner}
+    namespace: dict[str, Any] = {"channel": channel, "spec": spec, "model": runner.model, "runner": runner}
     exec(compile(source.decode(), "<test hook>", "exec"), namespace)  # noqa: S102 (tests only)
 
 

@@ -27,7 +27,7 @@ M_PERTURB = -6
 _libc = None
 
 
-def _c() -> ctypes.CDLL:
+def c_library() -> ctypes.CDLL:
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
@@ -36,23 +36,25 @@ def _c() -> ctypes.CDLL:
     return _libc
 
 
-def _check(result: int, what: str) -> None:
+def check(result: int, what: str) -> None:
     if result != 0:
         error = ctypes.get_errno()
         raise OSError(error, f"{what}: {os.strerror(error)}")
 
 
-def _mount(source: Optional[str], target: str, fstype: Optional[str], flags: int, data: str = "") -> None:
-    encode = lambda s: s.encode() if s is not None else None  # noqa: E731
-    _check(
-        _c().mount(encode(source), encode(target), encode(fstype), flags, encode(data) if data else None),
+def mount(source: Optional[str], target: str, fstype: Optional[str], flags: int, data: str = "") -> None:
+    def encode(s: Optional[str]) -> Optional[bytes]:
+        return s.encode() if s is not None else None
+
+    check(
+        c_library().mount(encode(source), encode(target), encode(fstype), flags, encode(data) if data else None),
         f"mount {target}",
     )
 
 
-def _unshare(flags: int, what: str) -> None:
-    _check(_c().unshare(flags), f"unshare {what}")
+def unshare(flags: int, what: str) -> None:
+    check(c_library().unshare(flags), f"unshare {what}")
 
 
 def prctl(what: str, option: int, arg2: int = 0, arg3: int = 0) -> None:
-    _check(_c().prctl(option, arg2, arg3, 0, 0), what)
+    check(c_library().prctl(option, arg2, arg3, 0, 0), what)

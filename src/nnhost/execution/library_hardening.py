@@ -114,7 +114,7 @@ def harden_libraries(policy: SandboxPolicy, user_builtins: dict) -> list[str]:
     _HARDENED.append("typing.ForwardRef")
     _harden_dataclasses()
     try:
-        from sympy.parsing import sympy_parser
+        from sympy.parsing import sympy_parser  # type: ignore[import-untyped]
     except Exception:  # sympy missing: nothing to harden
         return list(_HARDENED)
     original_stringify = sympy_parser.stringify_expr

@@ -32,9 +32,12 @@ import mmap
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from .weights import WeightImage, pack_storages, seal
+
+if TYPE_CHECKING:
+    from .cuda_handles import DeviceImage
 
 PARAMETER, BUFFER, ATTRIBUTE = "parameter", "buffer", "attribute"
 
@@ -48,7 +51,7 @@ class ExportedWeights:
     #: Bytes of each image, in the order of ``fds``.
     sizes: list[int]
     #: The host's device images (kept alive: they are the host's own weights).
-    device_images: list = field(default_factory=list)
+    device_images: list[DeviceImage] = field(default_factory=list)
 
     def close(self) -> None:
         for fd in self.fds:
@@ -257,7 +260,13 @@ def bind(model: Any, fds: list[int]) -> int:
     return len(made)
 
 
-def _tensor(entry: dict[str, Any], dtype: Any, images: list, opened: list, storages: dict) -> Any:
+def _tensor(
+    entry: dict[str, Any],
+    dtype: Any,
+    images: list[dict[str, Any]],
+    opened: list[Any],
+    storages: dict[tuple[int, int], Any],
+) -> Any:
     import torch
 
     index = entry["image"]

@@ -62,7 +62,7 @@ class MemoryMeter:
             self._thread.join()
         self.peak = max(self.peak, _rss_bytes())
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, int]:
         meta = {"peak_memory_bytes": max(0, self.peak - self.baseline)}
         if self.cuda:
             import torch

@@ -38,7 +38,7 @@ class Design(str, enum.Enum):
 class WorkerPolicy:
     #: The operator switch: False runs user code unconfined (trusted deployments).
     containment: bool = True
-    allowed_imports: list = field(default_factory=lambda: list(DEFAULT_ALLOWED_IMPORTS))
+    allowed_imports: list[str] = field(default_factory=lambda: list(DEFAULT_ALLOWED_IMPORTS))
     limits: ContainmentPolicy = field(default_factory=ContainmentPolicy)
     #: Tests only: a job process runs a payload's raw Python prefix unrestricted
     #: (see `job_process._run_test_hook`). Set by the operator, never by a request.
@@ -72,7 +72,7 @@ class WorkerPolicy:
     def sandbox(self) -> SandboxPolicy:
         return SandboxPolicy.from_names(self.allowed_imports, enabled=self.containment)
 
-    def to_environ(self) -> dict:
+    def to_environ(self) -> dict[str, str]:
         return {ENVIRONMENT_KEY: json.dumps(asdict(self))}
 
     @classmethod

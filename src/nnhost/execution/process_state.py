@@ -1,9 +1,9 @@
 """Process-wide state a job can change: torch's and numpy's settings, child processes.
 
 Where one process serves many jobs, `ModelGuard` (`integrity`) snapshots this
-state with the model and puts it back after each job (`_process_state`,
-`_restore_process_state`), and stops the child processes a job started
-(`_stop_children`). With a process per job nothing needs restoring:
+state with the model and puts it back after each job (`process_state`,
+`restore_process_state`), and stops the child processes a job started
+(`stop_children`). With a process per job nothing needs restoring:
 `shared_state` only lets the final message say what the job changed.
 
 It must never touch the model or a job's results, and never let one job's
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .integrity import GuardReport
 
 
-def _process_state() -> dict:
+def process_state() -> dict:
     import torch
 
     state = {
@@ -41,10 +41,10 @@ def _process_state() -> dict:
     return state
 
 
-def _restore_process_state(state: dict, report: GuardReport) -> None:
+def restore_process_state(state: dict, report: GuardReport) -> None:
     import torch
 
-    now = _process_state()
+    now = process_state()
     setters = {
         "default dtype": torch.set_default_dtype,
         "grad mode": torch.set_grad_enabled,
@@ -87,7 +87,7 @@ def fresh_random_state() -> None:
         pass
 
 
-def _children() -> set:
+def child_processes() -> set:
     children: set = set()
     try:
         for task in os.listdir("/proc/self/task"):
@@ -98,11 +98,11 @@ def _children() -> set:
     return children
 
 
-def _stop_children(known: set) -> int:
+def stop_children(known: set) -> int:
     """Kill and reap the child processes a job started (its DataLoader workers, say)."""
     import signal
 
-    children = _children() - known
+    children = child_processes() - known
     for pid in children:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -128,7 +128,7 @@ def shared_state() -> dict:
     import torch
     from torch.nn.modules import module as torch_module
 
-    state = {key: value for key, value in _process_state().items() if "random" not in key}
+    state = {key: value for key, value in process_state().items() if "random" not in key}
     state["default device"] = str(torch.get_default_device())
     state["torch function modes"] = torch._C._len_torch_function_stack()
     for name in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",

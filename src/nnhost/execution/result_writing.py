@@ -59,7 +59,7 @@ def _tensor_reduce(tensor: Any) -> Any:
         return tensor.detach().requires_grad_(True).__reduce_ex__(_PROTOCOL)
     if type(tensor) is not torch.Tensor or tensor.grad is None:
         return NotImplemented  # a subclass keeps its own reduction
-    rebuild, args = tensor.__reduce_ex__(_PROTOCOL)[:2]
+    rebuild, args = tensor.__reduce_ex__(_PROTOCOL)[:2]  # type: ignore[no-untyped-call]
     # torch's own rebuild with state: setattr(tensor, "grad", ...) on the client.
     return (_rebuild_from_type_v2, (rebuild, torch.Tensor, args, {"grad": tensor.grad.detach()}))
 
@@ -67,7 +67,7 @@ def _tensor_reduce(tensor: Any) -> Any:
 def _client_class_reduce(cls: type, client_id: str) -> Any:
     import enum
 
-    from cloudpickle import cloudpickle as cp
+    from cloudpickle import cloudpickle as cp  # type: ignore[import-untyped]
 
     if isinstance(cls, enum.EnumMeta):
         arguments = list(cp._enum_getnewargs(cls))
@@ -82,7 +82,7 @@ def _client_class_reduce(cls: type, client_id: str) -> Any:
 _PICKLE_MODULE = types.SimpleNamespace(Pickler=_ResultPickler, __name__="nnhost_pickle")
 
 
-def serialize_result(saves: dict, compress: bool) -> bytes:
+def serialize_result(saves: dict[str, Any], compress: bool) -> bytes:
     """The result blob: ``torch.save`` of the saved values, zstd when asked."""
     import torch
 

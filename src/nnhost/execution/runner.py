@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager, nullcontext
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from .capture import capture_stdout
 from .events import JobEvent, JobSpec
@@ -34,6 +34,11 @@ from .process_state import fresh_random_state
 from .result_writing import serialize_result, write_all, write_atomically
 from .sandbox import SandboxViolation
 from .tracebacks import user_traceback
+
+if TYPE_CHECKING:
+    from .integrity import ModelGuard
+    from .unpickling import RestrictedUnpickler
+    from .weights import WeightImage
 
 Emit = Callable[[JobEvent], None]
 
@@ -90,7 +95,7 @@ def forget_sources() -> Iterator[None]:
     """
     import linecache
 
-    from nnsight.tracing.globals import BLOCKS, SOURCES
+    from nnsight.tracing.globals import BLOCKS, SOURCES  # type: ignore[import-untyped]
 
     def clear() -> None:
         SOURCES.clear()
@@ -110,11 +115,14 @@ def forget_sources() -> Iterator[None]:
 class Runner:
     """Runs requests one at a time against one loaded nnsight model."""
 
-    def __init__(self, model: Any, unpickler: Optional[type] = None) -> None:
+    #: In the fork design, the weights sealed in read-only memory (set by `worker.secure`).
+    weight_image: Optional[WeightImage]
+
+    def __init__(self, model: Any, unpickler: Optional[type[RestrictedUnpickler]] = None) -> None:
         self.model = model
         self.unpickler = unpickler
         #: Undoes what a job changed on the shared model (`integrity.ModelGuard`).
-        self.guard: Optional[Any] = None
+        self.guard: Optional[ModelGuard] = None
         self.persistent_objects = model._remoteable_persistent_objects()
         # What every request starts from; a request's env is undone afterwards
         # so it can never leak into the next user's run.
@@ -187,7 +195,7 @@ class Runner:
 
     def _run(self, spec: JobSpec, emit: Emit) -> None:
         started = time.perf_counter()
-        meta: dict = {}
+        meta: dict[str, Any] = {}
         adapter: Optional[str] = None
         try:
             # The env first: a request for an adapted model names the adapter's
@@ -280,7 +288,7 @@ class Runner:
             raise UserError(f"The server could not hand your request its PEFT adapter: {error}") from None
 
     def _deserialize(self, spec: JobSpec, tree_changed: bool = False) -> Any:
-        from nnsight.schema.request import RequestModel
+        from nnsight.schema.request import RequestModel  # type: ignore[import-untyped]
 
         if spec.payload_fd >= 0:
             with os.fdopen(os.dup(spec.payload_fd), "rb") as file:
@@ -306,7 +314,7 @@ class Runner:
                 + _deserialize_hint(error)
             ) from error
 
-    def _serialize(self, saves: dict, compress: bool) -> bytes:
+    def _serialize(self, saves: dict[str, Any], compress: bool) -> bytes:
         try:
             return serialize_result(saves, compress)
         except (JobTimeout, MemoryError):
@@ -325,7 +333,7 @@ class Runner:
                 "or lists and dicts of them."
             ) from error
 
-    def _apply_env(self, env: dict, adapter: Optional[str] = None) -> None:
+    def _apply_env(self, env: dict[str, Any], adapter: Optional[str] = None) -> None:
         # The adapter is applied from the copy of its files the server handed
         # over (the same files the Hub id names in the server's cache).
         applied = {**(env or {}), "peft": adapter} if adapter is not None else (env or {})
@@ -349,8 +357,8 @@ class Runner:
         protected = self.guard.protected_storages() if self.guard is not None else frozenset()
         return job_memory(protected)
 
-    def _execute(self, tracer: Any, spec: JobSpec, emit: Emit) -> dict:
-        from nnsight.tracing.tracer import _saves, dec, inc
+    def _execute(self, tracer: Any, spec: JobSpec, emit: Emit) -> dict[str, Any]:
+        from nnsight.tracing.tracer import _saves, dec, inc  # type: ignore[import-untyped]
 
         def log(line: str) -> None:
             emit(JobEvent(spec.job_id, "LOG", line))

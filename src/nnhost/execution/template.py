@@ -106,7 +106,7 @@ def main() -> None:
 
 def build_tree(options: object) -> object:
     """The model as nnsight builds it, on the meta device: the tree jobs bind weights into."""
-    from nnsight.modeling.mixins.remotable import Remotable
+    from nnsight.modeling.mixins.remotable import Remotable  # type: ignore[import-untyped]
 
     model = Remotable.from_model_key(options.model_key, dispatch=False, **options.load_kwargs)  # type: ignore[attr-defined]
     for parameter in model._module.parameters():

@@ -40,7 +40,7 @@ import pickle
 import types
 import typing
 import weakref
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, TypeVar, cast
 
 from .sandbox import (
     SandboxPolicy,
@@ -52,35 +52,61 @@ from .sandbox import (
 from .library_hardening import untrusted
 from .shipped_classes import Unavailable
 from .unpickling_allowlist import (
-    _BUILTIN_CONSTRUCTORS,
-    _IMPORT_MACHINERY,
-    _SAFE_BUILTINS,
+    BUILTIN_CONSTRUCTORS,
     DEFINITION_CALLABLES,
     DEFINITION_GLOBALS,
     DESCRIPTOR_TYPES,
+    IMPORT_MACHINERY,
+    SAFE_BUILTINS,
+    Inert,
     RefusedPayload,
-    _builtin,
-    _describe,
-    _Inert,
-    _newobj_bases,
-    _refuse,
+    builtin,
+    describe,
+    newobj_bases,
+    refuse,
 )
 from .unpickling_images import build_image, image_class_for, is_image, is_image_class
 from .unpickling_reconstructors import checked_reconstructors
 
 __all__ = ["RefusedPayload", "RestrictedUnpickler", "restricted_unpickler"]
 
+_T = TypeVar("_T")
 
-class RestrictedUnpickler(pickle._Unpickler):
+if TYPE_CHECKING:
+
+    class _PythonUnpickler:
+        """What this module uses of ``pickle._Unpickler``: typeshed leaves out its opcodes and stacks."""
+
+        dispatch: ClassVar[dict[int, Callable[[Any], None]]]
+        stack: list[Any]
+        metastack: list[list[Any]]
+        memo: dict[int, Any]
+
+        def __init__(self, file: Any) -> None: ...
+        def load(self) -> Any: ...
+        def load_newobj(self) -> None: ...
+        def load_newobj_ex(self) -> None: ...
+        def load_build(self) -> None: ...
+        def load_setitem(self) -> None: ...
+        def load_append(self) -> None: ...
+        def load_setitems(self) -> None: ...
+        def load_appends(self) -> None: ...
+        def load_additems(self) -> None: ...
+
+else:
+    _PythonUnpickler = pickle._Unpickler
+
+
+class RestrictedUnpickler(_PythonUnpickler):
     """``unpickler=`` for `RequestModel.deserialize`: see the module docstring.
 
     Build one bound to a policy with `restricted_unpickler`.
     """
 
     policy: SandboxPolicy = SandboxPolicy()
-    builtins_dict: dict = {}
+    builtins_dict: dict[str, Any] = {}
 
-    def __init__(self, file: Any, persistent_objects: Optional[dict] = None) -> None:
+    def __init__(self, file: Any, persistent_objects: Optional[dict[Any, Any]] = None) -> None:
         super().__init__(file)
         self.persistent_objects = persistent_objects or {}
         # Objects the payload may read but never write into; kept alive so that
@@ -92,19 +118,19 @@ class RestrictedUnpickler(pickle._Unpickler):
         #: Classes of `DEFINITION_GLOBALS` this payload named (dataclass fields and the like).
         self._definition_types: dict[int, type] = {}
         #: Source of each function this load compiled, to compile a method again in its class.
-        self._sources: dict[int, tuple] = {}
+        self._sources: dict[int, tuple[str, str, str, int]] = {}
         #: Parts of the payload not built (`Unavailable`): refused if still needed at the end.
-        self._deferred: list[weakref.ref] = []
+        self._deferred: list[weakref.ref[Unavailable]] = []
         self._substitutes: dict[tuple[str, str], Any] = {}
         self._install_substitutes()
 
     # -- what may be named -------------------------------------------------------
 
-    def _protect(self, obj: Any) -> Any:
+    def _protect(self, obj: _T) -> _T:
         self._protected[id(obj)] = obj
         return obj
 
-    def _allow_call(self, obj: Any) -> Any:
+    def _allow_call(self, obj: _T) -> _T:
         self._callables[id(obj)] = obj
         return obj
 
@@ -116,7 +142,7 @@ class RestrictedUnpickler(pickle._Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         if not isinstance(module, str) or not isinstance(name, str):
-            raise _refuse("a malformed global")
+            raise refuse("a malformed global")
         key = (module, name)
         if key in self._substitutes:
             return self._substitutes[key]
@@ -138,18 +164,18 @@ class RestrictedUnpickler(pickle._Unpickler):
         image_class = image_class_for(module, name)
         if image_class is not None:
             return self._protect(image_class)  # made and filled as data only (`unpickling_images`)
-        if root in _IMPORT_MACHINERY:
-            return self._allow_call(_Inert)
+        if root in IMPORT_MACHINERY:
+            return self._allow_call(Inert)
         if module == "builtins":
-            if name not in _SAFE_BUILTINS:
-                raise _refuse(qualified, "only data types and pure functions of builtins are")
-            return self._protect(_builtin(name))
+            if name not in SAFE_BUILTINS:
+                raise refuse(qualified, "only data types and pure functions of builtins are")
+            return self._protect(builtin(name))
         if module in ("copyreg", "copy_reg"):
-            raise _refuse(qualified, "copyreg reconstructors are not needed by nnsight")
+            raise refuse(qualified, "copyreg reconstructors are not needed by nnsight")
         if root == "collections" or (module, name) == ("functools", "partial"):
             return self._protect(self._resolve(module, name, private_ok=False))
         if root not in self.policy.roots:
-            raise _refuse(
+            raise refuse(
                 qualified,
                 f"globals must come from nnsight or the modules you may import "
                 f"({self.policy.describe()})",
@@ -163,16 +189,16 @@ class RestrictedUnpickler(pickle._Unpickler):
         for part in parts:
             problem = attribute_problem(part)
             if problem or (part.startswith("_") and not private_ok):
-                raise _refuse(qualified, problem or "private names are not accepted")
+                raise refuse(qualified, problem or "private names are not accepted")
         try:
             value = importlib.import_module(module)
         except Exception as error:
-            raise _refuse(qualified, f"the module cannot be imported here ({error})") from None
+            raise refuse(qualified, f"the module cannot be imported here ({error})") from None
         for part in name.split("."):
             try:
                 value = getattr(value, part)
             except AttributeError:
-                raise _refuse(qualified, "no such name on this server") from None
+                raise refuse(qualified, "no such name on this server") from None
         return value
 
     def persistent_load(self, pid: Any) -> Any:
@@ -191,7 +217,7 @@ class RestrictedUnpickler(pickle._Unpickler):
         for function in substitutes.values():
             self._allow_call(function)
         self._substitutes = substitutes
-        for constructor in _BUILTIN_CONSTRUCTORS + (
+        for constructor in BUILTIN_CONSTRUCTORS + (
             collections.OrderedDict, collections.defaultdict, collections.deque,
             collections.Counter, functools.partial,
         ):
@@ -207,7 +233,7 @@ class RestrictedUnpickler(pickle._Unpickler):
 
     # -- the opcodes that call or write ------------------------------------------------
 
-    dispatch = dict(pickle._Unpickler.dispatch)
+    dispatch = dict(_PythonUnpickler.dispatch)
 
     def _callable_ok(self, function: Any) -> bool:
         if id(function) in self._callables:
@@ -232,9 +258,9 @@ class RestrictedUnpickler(pickle._Unpickler):
             stack[-1] = type(args[0])  # how cloudpickle names NoneType (``Optional[...]``)
             return
         if not self._callable_ok(function):
-            raise _refuse(f"a call to {_describe(function)}", "only reconstructors may be called")
+            raise refuse(f"a call to {describe(function)}", "only reconstructors may be called")
         if not isinstance(args, tuple):
-            raise _refuse("a call with malformed arguments")
+            raise refuse("a call with malformed arguments")
         value = function(*args)
         if isinstance(function, enum.EnumMeta):
             self._protect(value)  # a member is a shared singleton
@@ -245,8 +271,8 @@ class RestrictedUnpickler(pickle._Unpickler):
     def _check_new(self, cls: Any) -> None:
         """``cls.__new__`` runs library code with the payload's arguments: allow few classes."""
         if not isinstance(cls, type) or issubclass(cls, type):
-            raise _refuse(f"an instance of {_describe(cls)}", "only plain classes may be made")
-        if id(cls) in self._classes or cls is _Inert or cls in _BUILTIN_CONSTRUCTORS:
+            raise refuse(f"an instance of {describe(cls)}", "only plain classes may be made")
+        if id(cls) in self._classes or cls is Inert or cls in BUILTIN_CONSTRUCTORS:
             return
         if id(cls) in self._definition_types:
             return
@@ -254,35 +280,35 @@ class RestrictedUnpickler(pickle._Unpickler):
             return
         if is_image_class(cls):
             return
-        if issubclass(cls, _newobj_bases()):
+        if issubclass(cls, newobj_bases()):
             return
-        raise _refuse(
-            f"an instance of {_describe(cls)}",
+        raise refuse(
+            f"an instance of {describe(cls)}",
             "a request may carry nnsight's objects, tensors, arrays, modules and plain data",
         )
 
     def load_newobj(self) -> None:
         self._check_new(self.stack[-2])
-        pickle._Unpickler.load_newobj(self)
+        _PythonUnpickler.load_newobj(self)
 
     dispatch[pickle.NEWOBJ[0]] = load_newobj
 
     def load_newobj_ex(self) -> None:
         self._check_new(self.stack[-3])
-        pickle._Unpickler.load_newobj_ex(self)
+        _PythonUnpickler.load_newobj_ex(self)
 
     dispatch[pickle.NEWOBJ_EX[0]] = load_newobj_ex
 
     def _check_target(self, target: Any) -> None:
         if id(target) in self._protected:
-            raise _refuse(
-                f"a change to {_describe(target)}",
+            raise refuse(
+                f"a change to {describe(target)}",
                 "a request may not modify the server's objects while it is read",
             )
         if isinstance(target, (type, types.ModuleType, types.FunctionType)) and not (
             id(target) in self._classes or id(target) in self._functions
         ):
-            raise _refuse(f"a change to {_describe(target)}", "only objects it creates may be filled in")
+            raise refuse(f"a change to {describe(target)}", "only objects it creates may be filled in")
 
     def load_build(self) -> None:
         target = self.stack[-2]
@@ -294,7 +320,7 @@ class RestrictedUnpickler(pickle._Unpickler):
         if is_image(target):
             build_image(target, self.stack.pop())
             return
-        pickle._Unpickler.load_build(self)
+        _PythonUnpickler.load_build(self)
 
     def _build_forward_ref(self, target: typing.ForwardRef, state: Any) -> None:
         """An annotation's ``"TreeNode"``: rebuilt from its text, never from the sent code.
@@ -306,7 +332,7 @@ class RestrictedUnpickler(pickle._Unpickler):
         slots = state[1] if isinstance(state, tuple) and len(state) == 2 else state
         text = slots.get("__forward_arg__") if isinstance(slots, dict) else None
         if not isinstance(text, str) or len(text) > 10_000:
-            raise _refuse("a malformed type annotation")
+            raise refuse("a malformed type annotation")
         try:
             fresh = typing.ForwardRef(
                 text,
@@ -314,7 +340,7 @@ class RestrictedUnpickler(pickle._Unpickler):
                 is_class=bool(slots.get("__forward_is_class__", False)),
             )
         except SyntaxError:
-            raise _refuse(f"the type annotation {text!r}", "it is not a Python expression") from None
+            raise refuse(f"the type annotation {text!r}", "it is not a Python expression") from None
         for slot in typing.ForwardRef.__slots__:
             if hasattr(fresh, slot):
                 setattr(target, slot, getattr(fresh, slot))
@@ -325,16 +351,16 @@ class RestrictedUnpickler(pickle._Unpickler):
         Its source is held to the same rules as the traced block's, and it gets
         the same guarded builtins, before nnsight compiles it.
         """
-        from nnsight.intervention.interleaver import Mediator
+        from nnsight.intervention.interleaver import Mediator  # type: ignore[import-untyped]
 
         if not isinstance(target, Mediator):
             return
         reduced = state.get("reduced") if isinstance(state, dict) else None
         if not (isinstance(reduced, tuple) and len(reduced) == 3):
-            raise _refuse("a malformed edit")
+            raise refuse("a malformed edit")
         source, namespace, variables = reduced
         if not (isinstance(source, str) and isinstance(namespace, dict) and isinstance(variables, dict)):
-            raise _refuse("a malformed edit")
+            raise refuse("a malformed edit")
         check_source(source, "<edit>", self.policy)
         if self.policy.enabled:
             namespace.pop("__builtins__", None)
@@ -345,13 +371,13 @@ class RestrictedUnpickler(pickle._Unpickler):
 
     def load_setitem(self) -> None:
         self._check_target(self.stack[-3])
-        pickle._Unpickler.load_setitem(self)
+        _PythonUnpickler.load_setitem(self)
 
     dispatch[pickle.SETITEM[0]] = load_setitem
 
     def load_append(self) -> None:
         self._check_target(self.stack[-2])
-        pickle._Unpickler.load_append(self)
+        _PythonUnpickler.load_append(self)
 
     dispatch[pickle.APPEND[0]] = load_append
 
@@ -364,24 +390,24 @@ class RestrictedUnpickler(pickle._Unpickler):
 
     def load_setitems(self) -> None:
         self._check_marked_target()
-        pickle._Unpickler.load_setitems(self)
+        _PythonUnpickler.load_setitems(self)
 
     dispatch[pickle.SETITEMS[0]] = load_setitems
 
     def load_appends(self) -> None:
         self._check_marked_target()
-        pickle._Unpickler.load_appends(self)
+        _PythonUnpickler.load_appends(self)
 
     dispatch[pickle.APPENDS[0]] = load_appends
 
     def load_additems(self) -> None:
         self._check_marked_target()
-        pickle._Unpickler.load_additems(self)
+        _PythonUnpickler.load_additems(self)
 
     dispatch[pickle.ADDITEMS[0]] = load_additems
 
     def _refuse_opcode(self) -> None:
-        raise _refuse("an old pickle opcode (INST, OBJ or an extension code)", "nnsight uses protocol 4")
+        raise refuse("an old pickle opcode (INST, OBJ or an extension code)", "nnsight uses protocol 4")
 
     for _opcode in (pickle.INST, pickle.OBJ, pickle.EXT1, pickle.EXT2, pickle.EXT4):
         dispatch[_opcode[0]] = _refuse_opcode
@@ -416,10 +442,10 @@ class RestrictedUnpickler(pickle._Unpickler):
 
     def _check_payload(self, result: Any) -> Any:
         """The payload's shape, the block's source, and the builtins it will run with."""
-        from nnsight.tracing.tracer import Tracer
-        from nnsight.tracing.util import SerializedFrame
+        from nnsight.tracing.tracer import Tracer  # type: ignore[import-untyped]
+        from nnsight.tracing.util import SerializedFrame  # type: ignore[import-untyped]
 
-        shape_error = _refuse("something that is not an nnsight trace")
+        shape_error = refuse("something that is not an nnsight trace")
         if not (isinstance(result, tuple) and len(result) == 2):
             raise shape_error
         tracer, block = result
@@ -430,7 +456,7 @@ class RestrictedUnpickler(pickle._Unpickler):
             raise shape_error
         info = getattr(tracer, "info", None)
         frame = getattr(info, "frame", None)
-        code = getattr(frame, "f_code", None)
+        code: Any = getattr(frame, "f_code", None)
         if not isinstance(frame, SerializedFrame) or not isinstance(
             getattr(code, "co_filename", None), str
         ) or not isinstance(getattr(code, "co_name", None), str):
@@ -445,10 +471,13 @@ class RestrictedUnpickler(pickle._Unpickler):
         return result
 
 
-def restricted_unpickler(policy: SandboxPolicy) -> type:
+def restricted_unpickler(policy: SandboxPolicy) -> type[RestrictedUnpickler]:
     """A `RestrictedUnpickler` class bound to ``policy`` (what `deserialize` instantiates)."""
-    return type(
-        "RestrictedUnpickler",
-        (RestrictedUnpickler,),
-        {"policy": policy, "builtins_dict": guarded_builtins(policy)},
+    return cast(
+        "type[RestrictedUnpickler]",
+        type(
+            "RestrictedUnpickler",
+            (RestrictedUnpickler,),
+            {"policy": policy, "builtins_dict": guarded_builtins(policy)},
+        ),
     )

@@ -8,7 +8,7 @@ one place.
 
 It must never widen anything by itself: each entry here is a door for every
 request, so an addition needs the same scrutiny as a change to the unpickler.
-Nothing here imports or calls what it lists (`_newobj_bases` and `_builtin`
+Nothing here imports or calls what it lists (`newobj_bases` and `builtin`
 only look names up when the unpickler asks).
 """
 
@@ -26,7 +26,7 @@ class RefusedPayload(SandboxViolation, pickle.UnpicklingError):
     """The payload asks for something a request may not do while being read."""
 
 
-def _builtin_exception_names() -> frozenset:
+def _builtin_exception_names() -> frozenset[str]:
     import builtins
 
     return frozenset(
@@ -36,7 +36,7 @@ def _builtin_exception_names() -> frozenset:
     )
 
 
-_SAFE_BUILTINS = frozenset(
+SAFE_BUILTINS = frozenset(
     "set frozenset list dict tuple bytes bytearray complex slice range int float str bool "
     "object type abs all any len max min sum sorted round divmod pow zip map filter "
     "enumerate reversed isinstance issubclass iter next repr format hash id chr ord bin hex "
@@ -52,11 +52,11 @@ DEFINITION_CALLABLES = (("_collections", "_tuplegetter"), ("collections", "_tupl
 
 #: Wrappers a class body makes of its methods; a payload may call them to rebuild one.
 DESCRIPTOR_TYPES = (staticmethod, classmethod, property)
-_BUILTIN_CONSTRUCTORS = (
+BUILTIN_CONSTRUCTORS: tuple[type, ...] = (
     set, frozenset, list, dict, tuple, bytes, bytearray, complex, slice, range, int, float,
     str, bool,
 )
-_SAFE_TYPE_NAMES = frozenset(
+SAFE_TYPE_NAMES = frozenset(
     "SimpleNamespace MethodType NoneType EllipsisType NotImplementedType GenericAlias UnionType "
     # A dataclass field's metadata; CodeType becomes a refusal stand-in, never code.
     "MappingProxyType CodeType".split()
@@ -97,7 +97,7 @@ def _attribute(module: str, name: str) -> Any:
 
 
 def _cached(make: Any) -> Any:
-    made: list = []
+    made: list[Any] = []
 
     def resolve() -> Any:
         if not made:
@@ -133,23 +133,23 @@ DEFINITION_GLOBALS: dict[tuple[str, str], Any] = {
     # The metaclass of a TypedDict (a skeleton is made with it).
     ("typing", "_TypedDictMeta"): _attribute("typing", "_TypedDictMeta"),
 }
-_TORCH_REBUILDERS = {
+TORCH_REBUILDERS = {
     "torch._utils": (
         "_rebuild_tensor _rebuild_tensor_v2 _rebuild_tensor_v3 _rebuild_parameter "
         "_rebuild_parameter_with_state _rebuild_device_tensor_from_numpy "
         "_rebuild_device_tensor_from_cpu_tensor _rebuild_meta_tensor_no_storage"
     ),
 }
-_NUMPY_REBUILDERS = {
+NUMPY_REBUILDERS = {
     "numpy._core.multiarray": "_reconstruct scalar",
     "numpy.core.multiarray": "_reconstruct scalar",
 }
 #: Module loaders and specs travel inside a module shipped by value; a loader
 #: can read files, so each becomes an inert placeholder.
-_IMPORT_MACHINERY = ("_frozen_importlib", "_frozen_importlib_external", "importlib")
+IMPORT_MACHINERY = ("_frozen_importlib", "_frozen_importlib_external", "importlib")
 
 
-class _Inert:
+class Inert:
     """Stands in for an import spec or loader in a module shipped by value."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -159,25 +159,25 @@ class _Inert:
         pass
 
 
-def _describe(obj: Any) -> str:
+def describe(obj: Any) -> str:
     module = getattr(obj, "__module__", None) or type(obj).__module__
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
     return f"{module}.{name}"
 
 
-def _refuse(what: str, why: str = "") -> RefusedPayload:
+def refuse(what: str, why: str = "") -> RefusedPayload:
     return RefusedPayload(
         f"Your request's payload refers to {what}, which this server does not accept "
         f"in a request{': ' + why if why else ''}."
     )
 
-def _newobj_bases() -> tuple:
+def newobj_bases() -> tuple[type, ...]:
     """Classes whose instances a payload may make (and then fill in with BUILD)."""
     import types as _types
 
     import torch
 
-    bases: list = [
+    bases: list[type] = [
         torch.nn.Module, torch.Tensor, BaseException, _types.SimpleNamespace,
         collections.OrderedDict, collections.defaultdict, collections.deque, functools.partial,
     ]
@@ -190,7 +190,7 @@ def _newobj_bases() -> tuple:
     return tuple(bases)
 
 
-def _builtin(name: str) -> Any:
+def builtin(name: str) -> Any:
     import builtins
 
     return getattr(builtins, name)

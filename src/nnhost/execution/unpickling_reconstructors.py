@@ -31,16 +31,16 @@ from .shipped_classes import (
     rebind_methods,
     remember_client_class,
 )
-from .unpickling_allowlist import _NUMPY_REBUILDERS, _SAFE_TYPE_NAMES, _TORCH_REBUILDERS, _describe, _refuse
+from .unpickling_allowlist import NUMPY_REBUILDERS, SAFE_TYPE_NAMES, TORCH_REBUILDERS, describe, refuse
 
 if TYPE_CHECKING:
     from .unpickling import RestrictedUnpickler
 
 
-def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Callable]:
+def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Callable[..., Any]]:
     """``(module, name)`` to what a payload naming that global gets, for ``me``'s load."""
-    from cloudpickle import cloudpickle as cp
-    from nnsight.intervention import serialization
+    from cloudpickle import cloudpickle as cp  # type: ignore[import-untyped]
+    from nnsight.intervention import serialization  # type: ignore[import-untyped]
 
     policy, user_builtins = me.policy, me.builtins_dict
 
@@ -58,9 +58,9 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
             return me._protect(module)
         return me._protect(importlib.import_module(name))
 
-    def dynamic_subimport(name: str, namespace: dict) -> Any:
+    def dynamic_subimport(name: str, namespace: dict[str, Any]) -> Any:
         if not isinstance(name, str) or not isinstance(namespace, dict):
-            raise _refuse("a malformed module")
+            raise refuse("a malformed module")
         module = types.ModuleType(name)
         skip = {"__builtins__", "__loader__", "__spec__", "__file__", "__cached__", "__path__"}
         vars(module).update({k: v for k, v in namespace.items() if k not in skip})
@@ -68,8 +68,8 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         return module
 
     def builtin_type(name: str) -> Any:
-        if name not in _SAFE_TYPE_NAMES:
-            raise _refuse(f"types.{name}", "only plain data types are")
+        if name not in SAFE_TYPE_NAMES:
+            raise refuse(f"types.{name}", "only plain data types are")
         if name == "MethodType":
             return me._allow_call(bind_method)
         if name == "CodeType":
@@ -78,7 +78,7 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
 
     def bind_method(function: Any, instance: Any) -> Any:
         if not isinstance(function, (types.FunctionType, types.BuiltinFunctionType)):
-            raise _refuse("a method of something that is not a function")
+            raise refuse("a method of something that is not a function")
         return types.MethodType(function, instance)
 
     def code_stub(*args: Any) -> Unavailable:
@@ -91,7 +91,7 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
 
     def make_function(*args: Any) -> Unavailable:
         if len(args) != 5:
-            raise _refuse("cloudpickle.cloudpickle._make_function", "a malformed function")
+            raise refuse("cloudpickle.cloudpickle._make_function", "a malformed function")
         code, name = args[0], args[2]
         described = code.reason if isinstance(code, Unavailable) else "compiled bytecode"
         return me._defer(
@@ -102,14 +102,14 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
 
     def function_setstate(obj: Any, state: Any) -> Any:
         if not isinstance(obj, Unavailable):
-            raise _refuse(_describe(obj), "only functions shipped in the request may be filled in")
+            raise refuse(describe(obj), "only functions shipped in the request may be filled in")
         return obj
 
-    def check_bases(bases: Any) -> tuple:
+    def check_bases(bases: Any) -> tuple[Any, ...]:
         if not isinstance(bases, tuple) or not all(
             isinstance(b, type) or typing_base(b) for b in bases
         ):
-            raise _refuse("a class with bases that are neither classes nor typing's generic forms")
+            raise refuse("a class with bases that are neither classes nor typing's generic forms")
         return bases
 
     def typing_base(base: Any) -> bool:
@@ -124,7 +124,9 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         remember_client_class(cls, tracker_id)
         return me._allow_call(cls)
 
-    def make_skeleton_class(type_constructor, name, bases, type_kwargs, tracker_id, extra):
+    def make_skeleton_class(
+        type_constructor: Any, name: Any, bases: Any, type_kwargs: Any, tracker_id: Any, extra: Any
+    ) -> type:
         if not (
             type_constructor in (type, abc.ABCMeta)
             or (
@@ -133,55 +135,59 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
                 and type_constructor.__module__ in ("typing", "abc")
             )
         ):
-            raise _refuse(_describe(type_constructor), "classes must be plain classes")
+            raise refuse(describe(type_constructor), "classes must be plain classes")
         check_bases(bases)
         if not isinstance(type_kwargs, dict) or not isinstance(name, str):
-            raise _refuse("a malformed class")
+            raise refuse("a malformed class")
         for key in type_kwargs:
             if not isinstance(key, str) or key == "__del__" or key in DENIED_METHODS:
-                raise _refuse(f"a class that defines {key!r}", "it would run outside your request")
+                raise refuse(f"a class that defines {key!r}", "it would run outside your request")
         # No tracker id here: a class must never resolve to one another request
         # made. The client's id is kept only to send results back to its class.
         cls = cp._make_skeleton_class(type_constructor, name, bases, type_kwargs, None, None)
         return track(cls, tracker_id)
 
-    def make_skeleton_enum(bases, name, qualname, members, module, tracker_id, extra):
+    def make_skeleton_enum(
+        bases: Any, name: Any, qualname: Any, members: Any, module: Any, tracker_id: Any, extra: Any
+    ) -> type:
         import enum
 
         check_bases(bases)
         if not (bases and isinstance(bases[-1], type) and issubclass(bases[-1], enum.Enum)):
-            raise _refuse("an enum whose last base is not an Enum")
+            raise refuse("an enum whose last base is not an Enum")
         if not (isinstance(name, str) and isinstance(qualname, str) and isinstance(module, str)):
-            raise _refuse("a malformed enum")
+            raise refuse("a malformed enum")
         if not isinstance(members, dict) or not all(
             isinstance(key, str) and key.isidentifier() for key in members
         ):
-            raise _refuse("a malformed enum")
+            raise refuse("a malformed enum")
         cls = cp._make_skeleton_enum(bases, name, qualname, members, module, None, None)
         return track(cls, tracker_id)
 
-    def make_typevar(name, bound, constraints, covariant, contravariant, tracker_id):
+    def make_typevar(
+        name: Any, bound: Any, constraints: Any, covariant: Any, contravariant: Any, tracker_id: Any
+    ) -> Any:
         import typing
 
         if not isinstance(name, str) or not isinstance(constraints, tuple):
-            raise _refuse("a malformed type variable")
+            raise refuse("a malformed type variable")
         return typing.TypeVar(
             name, *constraints, bound=bound, covariant=bool(covariant), contravariant=bool(contravariant)
         )
 
     def class_setstate(obj: Any, state: Any) -> Any:
         if id(obj) not in me._classes:
-            raise _refuse(_describe(obj), "only classes shipped in the request may be filled in")
+            raise refuse(describe(obj), "only classes shipped in the request may be filled in")
         if not (isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict)):
-            raise _refuse("a malformed class")
+            raise refuse("a malformed class")
         attributes, slots = state
         for name, value in attributes.items():
             if not isinstance(name, str):
-                raise _refuse("a malformed class")
+                raise refuse("a malformed class")
             if name == "__del__" or (
                 name in DENIED_METHODS and (id(value) in me._functions or is_unavailable(value))
             ):
-                raise _refuse(f"a class that defines {name}", "it would run outside your request")
+                raise refuse(f"a class that defines {name}", "it would run outside your request")
         attributes = dict(attributes)
         library = library_template(obj, attributes)
         complete = None
@@ -201,11 +207,13 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
             complete(obj)
         return obj
 
-    def load_function(source, name, defaults, kwdefaults, annotations, filename, line):
+    def load_function(
+        source: Any, name: Any, defaults: Any, kwdefaults: Any, annotations: Any, filename: Any, line: Any
+    ) -> Any:
         if not (isinstance(source, str) and isinstance(name, str) and isinstance(filename, str)):
-            raise _refuse("a malformed function")
+            raise refuse("a malformed function")
         if not isinstance(line, int) or not 0 < line < 10_000_000:
-            raise _refuse("a malformed function")
+            raise refuse("a malformed function")
         try:
             check_source(source, f"[{name}:{line}] {filename}", policy)
         except SandboxViolation as error:
@@ -218,7 +226,7 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         # Rebuilt around a fresh globals dict that holds the guarded builtins:
         # a function takes its builtins from its globals when it is *made*,
         # so setting them afterwards would not reach its calls.
-        namespace: dict = {}
+        namespace: dict[str, Any] = {}
         install_builtins(namespace, user_builtins)
         function = types.FunctionType(
             loaded.__code__, namespace, loaded.__name__, loaded.__defaults__, loaded.__closure__
@@ -234,7 +242,7 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         if isinstance(function, Unavailable) and isinstance(namespace, dict):
             return
         if id(function) not in me._functions or not isinstance(namespace, dict):
-            raise _refuse("globals for a function the request did not ship")
+            raise refuse("globals for a function the request did not ship")
         namespace = {k: v for k, v in namespace.items() if k != "__builtins__"}
         function.__globals__.update(namespace)
 
@@ -243,7 +251,7 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         if name == "__new__" and isinstance(obj, type):
             problem = None  # a class's constructor (``tuple.__new__`` in a named tuple's _make)
         if problem:
-            raise _refuse(f"the attribute {name!r}", problem)
+            raise refuse(f"the attribute {name!r}", problem)
         return me._protect(getattr(obj, name))
 
     def numpy_dtype(spec: Any, align: bool = False, copy: bool = False) -> Any:
@@ -257,7 +265,7 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         # ``Optional[int]``, ``List[str]``, ``dict[str, int]`` in annotations: only
         # typing's forms and classes are subscripted, never a container.
         if not (isinstance(obj, type) or type(obj).__module__ == "typing"):
-            raise _refuse(f"a subscript of {_describe(obj)}", "only type annotations are subscripted")
+            raise refuse(f"a subscript of {describe(obj)}", "only type annotations are subscripted")
         return me._protect(obj[key])
 
     def annotation(value: Any) -> bool:
@@ -266,39 +274,39 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
     def type_union(left: Any, right: Any) -> Any:
         # ``int | None`` in an annotation (types.UnionType pickles as a reduce of ``|``).
         if not (annotation(left) and annotation(right)):
-            raise _refuse("a ``|`` of values that are not types", "only type annotations are combined")
+            raise refuse("a ``|`` of values that are not types", "only type annotations are combined")
         return me._protect(left | right)
 
     def reduce_union(function: Any, items: Any) -> Any:
         if function is not type_union or not isinstance(items, tuple) or not items:
-            raise _refuse("a call to functools.reduce", "only a union of types is reduced")
+            raise refuse("a call to functools.reduce", "only a union of types is reduced")
         return functools.reduce(type_union, items)
 
     def field_type_sentinel(name: Any) -> Any:
         try:
             return me._protect(cp._get_dataclass_field_type_sentinel(name))
         except (KeyError, TypeError):
-            raise _refuse("a malformed dataclass field") from None
+            raise refuse("a malformed dataclass field") from None
 
     def load_from_bytes(data: Any) -> Any:
         import torch
 
         if not isinstance(data, (bytes, bytearray)):
-            raise _refuse("a malformed tensor storage")
+            raise refuse("a malformed tensor storage")
         return torch.load(io.BytesIO(data), weights_only=True)
 
-    def rebuild_from_type_v2(function, new_type, args, state):
+    def rebuild_from_type_v2(function: Any, new_type: Any, args: Any, state: Any) -> Any:
         import torch
         from torch._tensor import _rebuild_from_type_v2
 
         if id(function) not in me._callables or not (
             isinstance(new_type, type) and issubclass(new_type, torch.Tensor)
         ):
-            raise _refuse("a tensor rebuilt by something other than torch's rebuilders")
-        return _rebuild_from_type_v2(function, new_type, args, state)
+            raise refuse("a tensor rebuilt by something other than torch's rebuilders")
+        return _rebuild_from_type_v2(function, new_type, args, state)  # type: ignore[no-untyped-call]
 
     cloud = "cloudpickle.cloudpickle"
-    substitutes: dict[tuple[str, str], Callable] = {
+    substitutes: dict[tuple[str, str], Callable[..., Any]] = {
         (cloud, "subimport"): subimport,
         (cloud, "dynamic_subimport"): dynamic_subimport,
         (cloud, "_builtin_type"): builtin_type,
@@ -327,7 +335,7 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         ("torch._tensor", "_rebuild_from_type_v2"): rebuild_from_type_v2,
         ("numpy", "dtype"): numpy_dtype,
     }
-    for module_name, names in {**_TORCH_REBUILDERS, **_NUMPY_REBUILDERS}.items():
+    for module_name, names in {**TORCH_REBUILDERS, **NUMPY_REBUILDERS}.items():
         try:
             module = importlib.import_module(module_name)
         except ImportError:

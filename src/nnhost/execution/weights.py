@@ -87,7 +87,8 @@ class WeightImage:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             base = torch.frombuffer(self.mapping, dtype=torch.uint8, count=1).data_ptr()
-        return tensor.untyped_storage().data_ptr() - base
+        offset: int = tensor.untyped_storage().data_ptr() - base
+        return offset
 
 
 def seal(fd: int) -> None:
@@ -99,7 +100,11 @@ def seal(fd: int) -> None:
     )
 
 
-def pack_storages(tensors: Iterable[Any], align: int = 64) -> Optional[tuple]:
+#: What `pack_storages` returns: ``(fd, size, tensors by storage, storages, offsets by storage)``.
+PackedStorages = tuple[int, int, dict[int, list[Any]], dict[int, Any], dict[int, int]]
+
+
+def pack_storages(tensors: Iterable[Any], align: int = 64) -> Optional[PackedStorages]:
     """Copy the storages of CPU ``tensors`` into one new memfd, sealed against any change.
 
     Returns ``(fd, size, tensors by storage, storages, offsets by storage)``
@@ -110,7 +115,7 @@ def pack_storages(tensors: Iterable[Any], align: int = 64) -> Optional[tuple]:
 
     if not hasattr(os, "memfd_create") or not hasattr(fcntl, "F_ADD_SEALS"):
         return None
-    groups: dict[int, list] = {}
+    groups: dict[int, list[Any]] = {}
     storages: dict[int, Any] = {}
     for tensor in tensors:
         if tensor.device.type != "cpu" or tensor.is_sparse or tensor.numel() == 0:
@@ -163,14 +168,14 @@ class WeightSeal:
         return [name for name, tensor, identity in self.entries if _identity(tensor) != identity]
 
 
-def _identity(tensor: Any) -> tuple:
+def _identity(tensor: Any) -> tuple[int, int, int]:
     return (tensor._version, tensor.data_ptr(), tensor.untyped_storage().data_ptr())
 
 
 #: Elements fingerprinted at a time: 4M elements make 64 MiB of int64 temporaries at most.
 CHUNK_ELEMENTS = 1 << 22
 
-_POSITIONS: dict = {}
+_POSITIONS: dict[str, Any] = {}
 
 
 def _positions(device: Any, count: int) -> Any:

@@ -9,8 +9,13 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
+if TYPE_CHECKING:
+    from .containment import ContainmentReport
+    from .integrity import ModelGuard
+    from .policy import WorkerPolicy
+    from .runner import Runner
 
 
 @dataclass
@@ -18,10 +23,10 @@ class WorkerOptions:
     """How a replica process loads its model (JSON-native, crosses a process boundary)."""
 
     model_key: str
-    load_kwargs: dict = field(default_factory=dict)
+    load_kwargs: dict[str, Any] = field(default_factory=dict)
     torch_threads: int = 0
     #: Environment overrides applied before anything is imported.
-    environ: dict = field(default_factory=dict)
+    environ: dict[str, str] = field(default_factory=dict)
     #: Where the weights live once loaded: the model's device when HOT, "cpu" when WARM.
     device: str = "cpu"
     #: The model's device when HOT: a contained CPU model gets a fresh process per job.
@@ -34,7 +39,7 @@ def load_model(options: WorkerOptions) -> Any:
     Parameters are frozen so that gradients are opt-in per request: a user
     enables them on an activation with ``requires_grad = True``.
     """
-    from nnsight.modeling.mixins.remotable import Remotable
+    from nnsight.modeling.mixins.remotable import Remotable  # type: ignore[import-untyped]
 
     model = Remotable.from_model_key(options.model_key, dispatch=True, **options.load_kwargs)
     for parameter in model._module.parameters():
@@ -53,8 +58,9 @@ def place(model: Any, device: str) -> None:
 
 def weight_bytes(model: Any) -> int:
     module = model._module
-    total = sum(p.nelement() * p.element_size() for p in module.parameters())
-    return total + sum(b.nelement() * b.element_size() for b in module.buffers())
+    total: int = sum(p.nelement() * p.element_size() for p in module.parameters())
+    total += sum(b.nelement() * b.element_size() for b in module.buffers())
+    return total
 
 
 #: Exit status of a worker whose job changed the model beyond repair (see `serve`).
@@ -97,7 +103,9 @@ def die_with_parent() -> None:
         sys.exit(0)  # the parent died before we could ask
 
 
-def secure(model: Any, policy: Any, namespaces_problem: Optional[str], fork_mode: bool = False) -> tuple:
+def secure(
+    model: Any, policy: WorkerPolicy, namespaces_problem: Optional[str], fork_mode: bool = False
+) -> tuple[Runner, Optional[ModelGuard], ContainmentReport]:
     """Everything between loading the model and serving the first stranger.
 
     The runner reads payloads with the restricted unpickler and runs them with
@@ -161,12 +169,12 @@ def warm_up(model: Any, runner: Any) -> Optional[str]:
     """
     import os
 
-    from nnsight.schema.request import RequestModel
+    from nnsight.schema.request import RequestModel  # type: ignore[import-untyped]
 
-    from .events import JobSpec
+    from .events import JobEvent, JobSpec
 
     try:
-        captured: dict = {}
+        captured: dict[str, bytes] = {}
 
         def capture(tracer: Any) -> None:
             captured["blob"] = RequestModel.serialize(tracer, True)
@@ -177,7 +185,7 @@ def warm_up(model: Any, runner: Any) -> Optional[str]:
         result = os.memfd_create("warm-up-result", os.MFD_CLOEXEC)
         os.write(payload, captured["blob"])
         os.lseek(payload, 0, os.SEEK_SET)
-        events: list = []
+        events: list[JobEvent] = []
         runner.run(JobSpec("warm-up", "", True, payload_fd=payload, result_fd=result), events.append)
         final = events[-1] if events else None
         if final is None or final.status != "COMPLETED":
