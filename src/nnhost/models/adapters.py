@@ -47,7 +47,7 @@ def adapter_id_of(env: Any) -> Optional[str]:
     return adapter
 
 
-def find_adapter(adapter_id: str, hf_home: Optional[os.PathLike] = None) -> Optional[Path]:
+def find_adapter(adapter_id: str, hf_home: Optional[os.PathLike[str]] = None) -> Optional[Path]:
     """The snapshot of a served adapter, or None.
 
     Its files must resolve inside its own repo folder (the cache's links into
@@ -68,7 +68,7 @@ def find_adapter(adapter_id: str, hf_home: Optional[os.PathLike] = None) -> Opti
     return snapshot
 
 
-def served_adapters(hf_home: Optional[os.PathLike] = None) -> list[str]:
+def served_adapters(hf_home: Optional[os.PathLike[str]] = None) -> list[str]:
     """The ids of every adapter in the cache (for a refusal that says what there is)."""
     hub = hub_cache_dir(hf_home)
     names = []
@@ -79,7 +79,7 @@ def served_adapters(hf_home: Optional[os.PathLike] = None) -> list[str]:
     return names
 
 
-def check_adapter(env: Any, hf_home: Optional[os.PathLike] = None) -> Optional[Path]:
+def check_adapter(env: Any, hf_home: Optional[os.PathLike[str]] = None) -> Optional[Path]:
     """The snapshot of the adapter ``env`` names (None if it names none), or `UnknownAdapter`."""
     adapter_id = adapter_id_of(env)
     if adapter_id is None:

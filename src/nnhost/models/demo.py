@@ -32,10 +32,14 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, cast
 
 from .hfcache import find_snapshot
 from .tiny import TinyGPT2Spec, build_gpt2, save_to_cache
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerFast
 
 #: Our own id for the demo model; deliberately not the id of any real model.
 DEMO_REPO_ID = "nnhost/demo-gpt2"
@@ -173,7 +177,7 @@ def recipe_hash(
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def cached_demo_snapshot(hf_home: Optional[os.PathLike] = None) -> Optional[Path]:
+def cached_demo_snapshot(hf_home: Optional[os.PathLike[str]] = None) -> Optional[Path]:
     """The cached demo snapshot if ``refs/main`` names one built by this recipe."""
     snapshot = find_snapshot(DEMO_REPO_ID, hf_home=hf_home)
     if snapshot is None:
@@ -191,7 +195,7 @@ def cached_demo_snapshot(hf_home: Optional[os.PathLike] = None) -> Optional[Path
 
 
 def build_demo_model(
-    hf_home: Optional[os.PathLike] = None, *, progress: Progress = None
+    hf_home: Optional[os.PathLike[str]] = None, *, progress: Progress = None
 ) -> Path:
     """Train (or find in the cache) the demo model; returns its snapshot folder.
 
@@ -256,7 +260,7 @@ def _deterministic_torch() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def _train_demo(say: Callable[[str], None]):
+def _train_demo(say: Callable[[str], None]) -> tuple[Any, PreTrainedTokenizerFast]:
     import torch
 
     with _deterministic_torch():
@@ -296,7 +300,9 @@ def _train_demo(say: Callable[[str], None]):
     return model, tokenizer
 
 
-def _batch(tokenizer, corpus: Sequence[str]):
+def _batch(
+    tokenizer: PreTrainedTokenizerFast, corpus: Sequence[str]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The whole corpus as one right-padded batch for causal-LM training.
 
     Each sentence starts at position 0 with no BOS, exactly as a prompt does
@@ -305,7 +311,7 @@ def _batch(tokenizer, corpus: Sequence[str]):
     """
     import torch
 
-    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    eos = cast(int, tokenizer.convert_tokens_to_ids("<|endoftext|>"))  # one token: one id
     rows = [tokenizer.encode(sentence) + [eos] for sentence in corpus]
     width = max(len(row) for row in rows)
     input_ids = torch.full((len(rows), width), eos, dtype=torch.long)
@@ -318,7 +324,7 @@ def _batch(tokenizer, corpus: Sequence[str]):
     return input_ids, attention_mask, labels
 
 
-def check_demo_model(model, tokenizer) -> list[str]:
+def check_demo_model(model: Any, tokenizer: PreTrainedTokenizerFast) -> list[str]:
     """What the demo promises, checked with plain transformers; returns failures.
 
     1. " Paris" and " Rome" are single tokens;
@@ -336,21 +342,21 @@ def check_demo_model(model, tokenizer) -> list[str]:
     if failures:
         return failures
 
-    def ids(prompt: str):
+    def ids(prompt: str) -> torch.Tensor:
         return torch.tensor([tokenizer.encode(prompt)])
 
-    def next_token(logits) -> str:
-        return tokenizer.decode([int(logits[0, -1].argmax())])
+    def next_token(logits: torch.Tensor) -> str:
+        return cast(str, tokenizer.decode([int(logits[0, -1].argmax())]))  # one sequence: one text
 
     last_block = model.transformer.h[-1]
-    captured = {}
+    captured: dict[str, torch.Tensor] = {}
 
-    def capture(module, args, output):
+    def capture(module: Any, args: Any, output: Any) -> None:
         # transformers 5 returns a tensor from a block; older versions a tuple.
         hidden = output[0] if isinstance(output, tuple) else output
         captured["hidden"] = hidden[:, -1, :].detach().clone()
 
-    def patch(module, args, output):
+    def patch(module: Any, args: Any, output: Any) -> Any:
         hidden = output[0] if isinstance(output, tuple) else output
         hidden = hidden.clone()
         hidden[:, -1, :] = captured["hidden"]

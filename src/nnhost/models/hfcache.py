@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 
-def hub_cache_dir(hf_home: Optional[os.PathLike] = None) -> Path:
+def hub_cache_dir(hf_home: Optional[str | os.PathLike[str]] = None) -> Path:
     """The ``hub`` folder of a Hugging Face home (``HF_HUB_CACHE`` wins if set)."""
     if hf_home is None:
         explicit = os.environ.get("HF_HUB_CACHE")
@@ -31,7 +31,7 @@ def hub_cache_dir(hf_home: Optional[os.PathLike] = None) -> Path:
     return Path(hf_home) / "hub"
 
 
-def repo_folder(repo_id: str, hf_home: Optional[os.PathLike] = None) -> Path:
+def repo_folder(repo_id: str, hf_home: Optional[os.PathLike[str]] = None) -> Path:
     """The cache folder of a model repo: ``models--org--name``."""
     return hub_cache_dir(hf_home) / ("models--" + repo_id.replace("/", "--"))
 
@@ -47,7 +47,7 @@ def content_commit(folder: Path) -> str:
 
 
 def install_snapshot(
-    source: Path, repo_id: str, hf_home: Optional[os.PathLike] = None
+    source: Path, repo_id: str, hf_home: Optional[os.PathLike[str]] = None
 ) -> Path:
     """Copy the files of ``source`` into the cache as ``repo_id``'s ``main``.
 
@@ -76,7 +76,7 @@ def install_snapshot(
 
 
 def find_snapshot(
-    repo_id: str, revision: Optional[str] = None, hf_home: Optional[os.PathLike] = None
+    repo_id: str, revision: Optional[str] = None, hf_home: Optional[os.PathLike[str]] = None
 ) -> Optional[Path]:
     """The snapshot folder of ``repo_id`` at ``revision`` (a ref or a commit), if cached."""
     repo = repo_folder(repo_id, hf_home)

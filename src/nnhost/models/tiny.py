@@ -17,9 +17,12 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, cast
 
 from .hfcache import install_snapshot
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 #: A few sentences of plain English: enough for a BPE tokenizer whose merges
 #: cover the words the tests and examples use.
@@ -45,7 +48,7 @@ class TinyGPT2Spec:
     seed: int = 0
 
 
-def train_tokenizer(corpus: Iterable[str], vocab_size: int):
+def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer (GPT-2 style) trained on ``corpus``.
 
     Returns a `transformers` fast tokenizer with GPT-2's special token, ready
@@ -64,7 +67,7 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int):
         show_progress=False,
     )
     tokenizer.train_from_iterator(list(corpus), trainer=trainer)
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tokenizer,
         bos_token="<|endoftext|>",
         eos_token="<|endoftext|>",
@@ -78,7 +81,7 @@ def build_gpt2(
     corpus: Sequence[str] = DEFAULT_CORPUS,
     *,
     config_overrides: Optional[Mapping[str, Any]] = None,
-):
+) -> tuple[Any, PreTrainedTokenizerFast]:
     """A randomly initialised GPT-2 LM and its tokenizer (in memory).
 
     ``config_overrides`` are extra `GPT2Config` fields (e.g. dropout rates for a
@@ -88,7 +91,7 @@ def build_gpt2(
     from transformers import GPT2Config, GPT2LMHeadModel
 
     tokenizer = train_tokenizer(corpus, spec.vocab_size)
-    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    eos = cast(int, tokenizer.convert_tokens_to_ids("<|endoftext|>"))  # one token: one id
     config = GPT2Config(
         vocab_size=len(tokenizer),
         n_positions=spec.n_positions,
@@ -101,16 +104,16 @@ def build_gpt2(
         **dict(config_overrides or {}),
     )
     torch.manual_seed(spec.seed)
-    model = GPT2LMHeadModel(config)
+    model: Any = GPT2LMHeadModel(config)  # type: ignore[no-untyped-call]
     model.eval()
     return model, tokenizer
 
 
 def save_to_cache(
-    model,
-    tokenizer,
+    model: Any,
+    tokenizer: Any,
     repo_id: str,
-    hf_home: Optional[os.PathLike] = None,
+    hf_home: Optional[os.PathLike[str]] = None,
     *,
     extra_files: Optional[Mapping[str, str]] = None,
 ) -> Path:
@@ -129,7 +132,7 @@ def save_to_cache(
 
 def build_tiny_gpt2(
     repo_id: str,
-    hf_home: Optional[os.PathLike] = None,
+    hf_home: Optional[os.PathLike[str]] = None,
     spec: TinyGPT2Spec = TinyGPT2Spec(),
     corpus: Sequence[str] = DEFAULT_CORPUS,
 ) -> Path:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from .hfcache import install_snapshot
 from .tiny import DEFAULT_CORPUS, train_tokenizer
@@ -29,7 +29,7 @@ IMAGE_SIZE = 16
 
 def build_tiny_stable_diffusion(
     repo_id: str,
-    hf_home: Optional[os.PathLike] = None,
+    hf_home: Optional[os.PathLike[str]] = None,
     *,
     seed: int = 0,
     corpus: Sequence[str] = DEFAULT_CORPUS,
@@ -49,23 +49,25 @@ def build_tiny_stable_diffusion(
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     ))
-    unet = UNet2DConditionModel(
+    unet = UNet2DConditionModel(  # type: ignore[no-untyped-call]
         sample_size=IMAGE_SIZE // 2, in_channels=4, out_channels=4, layers_per_block=1,
         block_out_channels=(8, 16), down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
         up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=16,
         attention_head_dim=2, norm_num_groups=4,
     )
-    vae = AutoencoderKL(
+    vae = AutoencoderKL(  # type: ignore[no-untyped-call]
         in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8, 8),
         down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
         up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), layers_per_block=1,
         norm_num_groups=4, sample_size=IMAGE_SIZE,
     )
-    scheduler = DDIMScheduler(
+    scheduler = DDIMScheduler(  # type: ignore[no-untyped-call]
         beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
         set_alpha_to_one=False, steps_offset=1,
     )
-    pipeline = StableDiffusionPipeline(
+    # mypy reads diffusers' top-level name as the placeholder class it exports when torch
+    # is missing, which has no save_pretrained: the pipeline is left untyped.
+    pipeline: Any = StableDiffusionPipeline(  # type: ignore[no-untyped-call]
         vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=scheduler,
         safety_checker=None, feature_extractor=None, requires_safety_checker=False,
     )

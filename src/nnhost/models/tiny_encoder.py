@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from .tiny import DEFAULT_CORPUS, save_to_cache
+
+if TYPE_CHECKING:
+    from transformers import BertConfig, PreTrainedTokenizerFast
 
 #: The classifier's labels, written into its config (the pipeline reports them by name).
 LABELS = ("NEGATIVE", "POSITIVE")
 _SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
-def train_wordpiece(corpus: Sequence[str], vocab_size: int = 256):
+def train_wordpiece(corpus: Sequence[str], vocab_size: int = 256) -> PreTrainedTokenizerFast:
     """A BERT-style (WordPiece, lower-cased) fast tokenizer trained on ``corpus``."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
@@ -44,7 +47,7 @@ def train_wordpiece(corpus: Sequence[str], vocab_size: int = 256):
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
     )
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tokenizer,
         unk_token="[UNK]",
         pad_token="[PAD]",
@@ -55,7 +58,7 @@ def train_wordpiece(corpus: Sequence[str], vocab_size: int = 256):
     )
 
 
-def _config(tokenizer, **extra):
+def _config(tokenizer: PreTrainedTokenizerFast, **extra: Any) -> BertConfig:
     from transformers import BertConfig
 
     return BertConfig(
@@ -72,7 +75,7 @@ def _config(tokenizer, **extra):
 
 def build_tiny_bert(
     repo_id: str,
-    hf_home: Optional[os.PathLike] = None,
+    hf_home: Optional[os.PathLike[str]] = None,
     *,
     head: str = "masked-lm",
     seed: int = 0,
@@ -98,6 +101,6 @@ def build_tiny_bert(
             id2label=dict(enumerate(LABELS)),
             label2id={label: index for index, label in enumerate(LABELS)},
         )
-    model = heads[head](config)
+    model: Any = heads[head](config)  # type: ignore[no-untyped-call]
     model.eval()
     return save_to_cache(model, tokenizer, repo_id, hf_home)

@@ -24,9 +24,9 @@ from .hfcache import install_snapshot
 
 def build_tiny_lora(
     repo_id: str,
-    base_snapshot: os.PathLike,
+    base_snapshot: os.PathLike[str],
     base_repo_id: str,
-    hf_home: Optional[os.PathLike] = None,
+    hf_home: Optional[os.PathLike[str]] = None,
     *,
     target_modules: Sequence[str] = ("c_attn", "c_fc"),
     rank: int = 4,

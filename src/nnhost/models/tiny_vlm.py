@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 from .hfcache import install_snapshot
 from .tiny import DEFAULT_CORPUS, train_tokenizer
@@ -31,7 +31,7 @@ PATCH_SIZE = 8
 
 def build_tiny_llava(
     repo_id: str,
-    hf_home: Optional[os.PathLike] = None,
+    hf_home: Optional[os.PathLike[str]] = None,
     *,
     seed: int = 0,
     corpus: Sequence[str] = DEFAULT_CORPUS,
@@ -50,7 +50,7 @@ def build_tiny_llava(
     tokenizer = train_tokenizer(corpus, 384)
     tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
     tokenizer.pad_token = tokenizer.eos_token
-    image_token = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    image_token = cast(int, tokenizer.convert_tokens_to_ids(IMAGE_TOKEN))  # one token: one id
     vision = CLIPVisionConfig(
         hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, projection_dim=32,
@@ -66,12 +66,12 @@ def build_tiny_llava(
         vision_feature_layer=-1, vision_feature_select_strategy="default",
     )
     torch.manual_seed(seed)
-    model = LlavaForConditionalGeneration(config)
+    model: Any = LlavaForConditionalGeneration(config)
     model.eval()
     image_processor = CLIPImageProcessor(
         size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
     )
-    processor = LlavaProcessor(
+    processor = LlavaProcessor(  # type: ignore[no-untyped-call]
         image_processor=image_processor, tokenizer=tokenizer, patch_size=PATCH_SIZE,
         vision_feature_select_strategy="default", image_token=IMAGE_TOKEN,
         num_additional_image_tokens=1,
