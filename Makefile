@@ -1,12 +1,13 @@
-# Two entry points a newcomer needs: `make serve` and `make test`.
-# Both create .venv and install what is missing (torch pinned to the CPU build
-# for development; a GPU host installs nnhost into its own CUDA environment).
+# The entry points a newcomer needs: `make serve`, `make check` (the fast loop: lint,
+# types and the unit tests) and `make test` (everything). They create .venv and install
+# what is missing (torch pinned to the CPU build for development; a GPU host installs
+# nnhost into its own CUDA environment).
 
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install browser services postgres serve test bench clean
+.PHONY: install browser services postgres serve check test bench clean
 
 install: $(VENV)/.installed browser
 
@@ -54,6 +55,13 @@ postgres:
 
 serve: install
 	$(BIN)/nnhost serve --demo $(ARGS)
+
+# The fast loop, in well under a minute: ruff, mypy and the tests marked `unit` (no server,
+# service or browser; tests/conftest.py marks each test from what it starts). No apt installs.
+check: $(VENV)/.installed
+	$(BIN)/python -m ruff check src tests benchmarks
+	$(BIN)/python -m mypy
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m unit $(ARGS)
 
 test: install services postgres
 	$(BIN)/python -m ruff check src tests benchmarks
