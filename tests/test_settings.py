@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from pydantic import ValidationError
 
 from nnhost.api.deps import version_below
 from nnhost.config import Settings, SettingsError, load_settings
@@ -191,3 +192,158 @@ def test_client_versions_are_compared_by_pep_440():
     assert version_below("0.8.0", "0.8.1") and not version_below("0.10.0", "0.9.0")
     assert version_below("0.8.1.dev3", "0.8.1") and not version_below("0.8.1.post1", "0.8.1")
     assert not version_below("not-a-version", "0.8.0")  # unordered: let through
+
+
+# -- flags generated from the settings ----------------------------------------------------
+
+#: Every flag `nnhost serve` took when each was written out by hand: none may go or change name.
+SERVE_SETTING_FLAGS = {
+    "host", "port", "data_dir", "database", "demo", "api_key", "public_url", "time_limit",
+    "kill_grace", "results", "results_endpoint", "torch_threads", "memory_budget", "auth",
+    "allow_insecure", "signup", "cluster", "events", "role", "log_format", "forwarded_allow_ips",
+}
+
+
+def _clean_environment(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("NNHOST_"):
+            monkeypatch.delenv(name)
+
+
+def _serve_args(*argv):
+    from nnhost.cli import build_parser
+
+    return build_parser().parse_args(["serve", *argv])
+
+
+def test_the_serve_flags_are_the_settings_marked_flag():
+    from nnhost.cli.flags import setting_flags
+
+    assert {name for name, _field, _flag in setting_flags()} == SERVE_SETTING_FLAGS
+    for name, field, _flag in setting_flags():
+        assert field.description, f"setting {name} has no description for its --help"
+
+
+def test_every_setting_flag_is_listed_in_serve_help_with_its_help():
+    from nnhost.cli.flags import help_text, option, setting_flags
+
+    completed = subprocess.run(
+        [sys.executable, "-m", "nnhost.cli", "serve", "--help"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "400"},
+    )
+    assert completed.returncode == 0, completed.stderr
+    lines = completed.stdout.splitlines()
+    for name, field, _flag in setting_flags():
+        listed = [line for line in lines if line.lstrip().startswith(option(name) + " ")
+                  or line.strip() == option(name)]
+        assert listed, f"{option(name)} is not in `nnhost serve --help`"
+        first_words = help_text(field).replace("%%", "%").split()[:3]
+        assert " ".join(first_words) in completed.stdout, (name, first_words)
+    for explicit in ("--config", "--log-level", "MODEL_ID"):
+        assert explicit in completed.stdout
+
+
+def test_flags_take_the_values_their_settings_accept():
+    args = _serve_args(
+        "org/a", "org/b@v1", "--port", "9100", "--demo", "--signup", "invite",
+        "--memory-budget", "cpu=2GiB", "--memory-budget", "cuda:0=3GB", "--torch-threads", "2",
+        "--time-limit", "30m", "--forwarded-allow-ips", "10.0.0.1,10.0.0.2",
+    )
+    from nnhost.cli.flags import given
+
+    values = given(args)
+    assert values["port"] == 9100 and values["torch_threads"] == 2  # whole numbers, as before
+    assert values["demo"] is True and values["allow_insecure"] is None  # a switch not given
+    assert values["memory_budget"] == "cpu=2GiB,cuda:0=3GB"
+    assert values["time_limit"] == "30m"  # parsed by the setting, not by argparse
+    assert values["host"] is None and args.models == ["org/a", "org/b@v1"]
+    for bad in (["--signup", "everyone"], ["--port", "eighty"], ["--role", "worker"]):
+        with pytest.raises(SystemExit) as exited:
+            _serve_args(*bad)
+        assert exited.value.code == 2
+
+
+def test_a_flag_wins_over_the_environment_which_wins_over_nnhost_toml(tmp_path, monkeypatch):
+    from nnhost.cli.flags import given
+
+    _clean_environment(monkeypatch)
+    (tmp_path / "nnhost.toml").write_text(
+        'port = 9001\nsignup = "closed"\nlog_format = "json"\ntorch_threads = 3\n'
+    )
+    monkeypatch.setenv("NNHOST_PORT", "9002")
+    monkeypatch.setenv("NNHOST_SIGNUP", "invite")
+    monkeypatch.setenv("NNHOST_MEMORY_BUDGET", "cpu=1GiB")
+    args = _serve_args("--data-dir", str(tmp_path), "--port", "9003", "--memory-budget", "cpu=2GiB")
+    settings = load_settings({**given(args), "models": args.models or None})
+    assert settings.port == 9003  # the flag over the environment and the file
+    assert settings.memory_budget == {"cpu": 2 * 2**30}  # the flag over the environment
+    assert settings.signup == "invite"  # no flag: the environment over the file
+    assert settings.log_format == "json" and settings.torch_threads == 3  # the file
+    assert settings.host == "127.0.0.1" and settings.demo is False  # defaults
+    assert settings.data_dir == tmp_path.resolve()
+
+
+def test_a_bad_flag_value_names_the_flag(tmp_path, monkeypatch):
+    from nnhost.cli.flags import given
+
+    _clean_environment(monkeypatch)
+    args = _serve_args("--data-dir", str(tmp_path), "--kill-grace", "soon")
+    with pytest.raises(SettingsError, match=r"kill_grace = 'soon' \(from --kill-grace\)"):
+        load_settings(given(args))
+
+
+# -- [[model]] entries and settings that go together -----------------------------------
+
+
+def _settings_from(tmp_path, monkeypatch, toml, **flags):
+    _clean_environment(monkeypatch)
+    (tmp_path / "nnhost.toml").write_text(toml)
+    return load_settings({"data_dir": str(tmp_path), **flags})
+
+
+@pytest.mark.parametrize("table, words", [
+    ('repo_id = "org/x"\nrevison = "v1"',
+     ["[[model]] 'org/x'", "unknown key 'revison'", "did you mean 'revision'", "known:"]),
+    ('repo_id = "org/x"\ndeploy = "lukewarm"', ["[[model]] 'org/x'", "deploy", "'hot'"]),
+    ('repo_id = "org/x"\nreplicas = 0', ["[[model]] 'org/x'", "replicas", "at least 1"]),
+    ('repo_id = "org/x"\nreplicas = 2\nmax_replicas = 1', ["max_replicas must be at least replicas"]),
+    ('repo_id = "org/x"\nquantization = "int3"', ["quantization 'int3'"]),
+    ('dtype = "float16"', ["every [[model]] needs a repo_id"]),
+])
+def test_a_bad_model_entry_is_refused_naming_it(tmp_path, monkeypatch, table, words):
+    with pytest.raises(SettingsError) as refused:
+        _settings_from(tmp_path, monkeypatch, f"[[model]]\n{table}\n")
+    message = str(refused.value)
+    for word in words:
+        assert word in message, (word, message)
+    assert "nnhost.toml" in message
+
+
+def test_model_entries_load_as_the_specs_they_name(tmp_path, monkeypatch):
+    from nnhost.config import ModelEntry
+    from nnhost.deployments.catalog import ModelSpec
+
+    settings = _settings_from(
+        tmp_path, monkeypatch,
+        '[[model]]\nrepo_id = "org/x"\ndeploy = "cold"\nreplicas = 2\n'
+        'load_kwargs = { attn_implementation = "eager" }\n',
+    )
+    (entry,) = settings.catalog
+    assert isinstance(entry, ModelEntry)
+    assert entry.spec() == ModelSpec(
+        repo_id="org/x", deploy="cold", replicas=2, load_kwargs={"attn_implementation": "eager"}
+    )
+    assert ModelSpec.from_table(dict(entry)) == entry.spec()  # as the server builds it
+    with pytest.raises(ValidationError, match="frozen"):
+        entry.replicas = 3  # an entry is never changed
+
+
+def test_settings_that_cannot_go_together_are_refused(tmp_path, monkeypatch):
+    with pytest.raises(SettingsError, match="--role api needs --events redis://"):
+        _settings_from(tmp_path, monkeypatch, 'role = "api"\n')
+    with pytest.raises(SettingsError, match="results_endpoint .* only used with s3:// results"):
+        _settings_from(tmp_path, monkeypatch, "", results_endpoint="http://127.0.0.1:9000")
+    settings = _settings_from(
+        tmp_path, monkeypatch, 'role = "api"\nevents = "redis://127.0.0.1:6379"\n'
+    )
+    assert settings.role == "api"

@@ -6,13 +6,17 @@ command-line flags. Every part of the server reads its knobs from here, so
 there is one place to see what can be tuned.
 
 A setting that is silently wrong is worse than none: an unknown key (in the
-TOML file or as an ``NNHOST_`` variable), a boolean that is not one, a size or
-a duration that does not parse stops the server with `SettingsError`, whose
-message names the key, the value, where it came from and what is accepted.
-This module must never guess what a bad value meant.
+TOML file, a ``[[model]]`` table or as an ``NNHOST_`` variable), a boolean that
+is not one, a size or a duration that does not parse stops the server with
+`SettingsError`, whose message names the key, the value, where it came from and
+what is accepted. This module must never guess what a bad value meant.
 
-To add a setting, add one annotated field to `Settings` (with a ``#:`` comment
-and a line in README's table); sizes use `Size`, durations `Duration`.
+To add a setting, add one field to `Settings`: its type (sizes use `Size`,
+durations `Duration`), default and ``description``, plus `Flag()` in its
+``Annotated`` when ``nnhost serve`` should take it on the command line too (the
+flag, its help and its parsing are generated from the field: `nnhost.cli.flags`).
+Then add a line to README's Configuration table. Checks that involve two
+settings go in `Settings._together`, one place.
 """
 
 from __future__ import annotations
@@ -21,14 +25,25 @@ import contextvars
 import json
 import os
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, Optional
+from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 from packaging.version import InvalidVersion, Version
-from pydantic import BeforeValidator, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from .config_errors import ENV_PREFIX, Origins, describe, unknown_environment
+from .config_errors import ENV_PREFIX, Origins, SettingConflict, describe, unknown_environment
+from .deployments.catalog import TRANSFORMERS_CLASS, ModelSpec
 from .execution.sandbox_rules import DEFAULT_ALLOWED_IMPORTS
 from .units import parse_duration, parse_size
 
@@ -72,7 +87,82 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 Names = Annotated[list[str], BeforeValidator(_split)]
 
 
+@dataclass(frozen=True)
+class Flag:
+    """Marks a setting that ``nnhost serve`` also takes as ``--NAME-WITH-DASHES``.
+
+    Put it in the field's ``Annotated``; the flag is generated from the field
+    (`nnhost.cli.flags`): its help is the field's description, a boolean is a
+    switch (given: true), a choice offers the `Literal`'s values, a table is a
+    repeatable ``KEY=VALUE``, a plain whole number is checked as one; any other
+    value is handed to the setting as written. ``metavar`` names the value in
+    ``--help`` (default: the name in capitals, or the choices).
+    """
+
+    metavar: Optional[str] = None
+
+
+def flag_of(field: FieldInfo) -> Optional[Flag]:
+    """The `Flag` a `Settings` field carries, or None when it is no flag."""
+    return next((item for item in field.metadata if isinstance(item, Flag)), None)
+
+
+class ModelEntry(BaseModel):
+    """One ``[[model]]`` table of nnhost.toml: a model served, and how it is loaded.
+
+    A key that is not a field below is refused, naming the key and the table.
+    The defaults are `deployments.catalog.ModelSpec`'s, which the server builds
+    from each entry (`spec`); the entry itself is never changed.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    repo_id: str = Field(min_length=1, description="The model's Hub repo id, org/name.")
+    revision: Optional[str] = Field(None, description="A branch, tag or commit (default main).")
+    task: str = Field("text-generation", description="The pipeline task it is served for.")
+    model_class: str = Field(TRANSFORMERS_CLASS, description="The nnsight class it loads as.")
+    trust_remote_code: bool = Field(
+        False, description="Run the repository's own code (needs allow_trust_remote_code)."
+    )
+    dtype: Optional[str] = Field(
+        None, description="The dtype weights are held in; with quantization, the compute dtype."
+    )
+    device: str = Field("cpu", description='Where a HOT replica holds its weights: "cpu", "cuda:1"...')
+    device_map: Union[str, dict[str, Union[str, int]], None] = Field(
+        None, description='Spread over GPUs: "auto", "balanced", "sequential" or {module = device}.'
+    )
+    devices: list[Union[str, int]] = Field(
+        default_factory=list, description="The GPUs a device_map strategy may use."
+    )
+    quantization: Optional[str] = Field(
+        None, description="Hold the weights quantized: nf4, int4, fp4, int8 or fp8."
+    )
+    replicas: int = Field(1, ge=1, description="Replicas a HOT deployment keeps (its minimum).")
+    max_replicas: Optional[int] = Field(
+        None, ge=1, description="The most replicas it may grow to while jobs wait."
+    )
+    deploy: Literal["hot", "warm", "cold"] = Field("hot", description="Its level at start.")
+    load_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword arguments for the model class at load."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelEntry:
+        if self.max_replicas is not None and self.max_replicas < self.replicas:
+            raise ValueError(
+                f"{self.repo_id}: max_replicas must be at least replicas ({self.replicas})"
+            )
+        self.spec().check_load_options()  # raises, naming the model and what to write
+        return self
+
+    def spec(self) -> ModelSpec:
+        """A fresh `ModelSpec` for this entry (the server fills in its sizes)."""
+        return ModelSpec(**self.model_dump())
+
+
 class Settings(BaseSettings):
+    """Every knob of the server: see README's Configuration table for what each does."""
+
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
         extra="forbid",
@@ -80,128 +170,224 @@ class Settings(BaseSettings):
         validate_default=True,
     )
 
-    host: str = "127.0.0.1"
-    port: int = Field(8001, ge=1, le=65535)
-    data_dir: Path = Path("./nnhost-data")
-    #: Where jobs, users and keys are kept: sqlite:///PATH or postgresql://USER:PASSWORD@HOST/NAME
-    #: (default: the SQLite file DATA_DIR/nnhost.sqlite3).
-    database: Optional[str] = None
-    #: Repo ids served (each may be "org/name" or "org/name@revision").
-    models: Names = Field(default_factory=list)
-    #: Build and serve the offline demo model.
-    demo: bool = False
-    #: A key to accept for the admin user (else one is generated on first start).
-    api_key: Optional[str] = None
-    #: Public base URL for result links when behind a proxy (else taken from the request).
-    public_url: Optional[str] = None
-    #: Seconds one request may run.
-    time_limit: Annotated[Duration, Field(gt=0)] = 3600.0
-    #: Seconds past the time limit before a worker that ignores the interrupt is killed.
-    kill_grace: Duration = 10.0
-    #: Results up to this size ride inline on the websocket; larger ones go by link.
-    inline_result_bytes: Size = 1 * MiB
-    #: Largest result kept (0: no limit).
-    max_result_bytes: Size = 4096 * MiB
-    #: Largest request body accepted.
-    max_request_bytes: Size = 256 * MiB
-    #: Seconds a result (and the job's LOG lines) stays downloadable.
-    result_retention: Duration = 24 * 3600.0
-    #: Where results are kept: a directory (default DATA_DIR/results; one all machines
-    #: share, in a cluster) or s3://BUCKET[/PREFIX] (credentials from the AWS environment).
-    results: Optional[str] = None
-    #: URL of an S3-compatible endpoint for s3:// results (default: AWS's own).
-    results_endpoint: Optional[str] = None
-    #: Threads torch may use in each job (0: the cores less one, split between the replicas).
-    torch_threads: int = Field(0, ge=0)
-    #: Largest number of LOG lines kept and forwarded from one job.
-    max_log_lines: int = Field(10_000, ge=0)
-    #: Largest total size of the LOG lines kept and forwarded from one job.
-    max_log_bytes: Size = 1 * MiB
-    #: Oldest nnsight client accepted.
-    min_nnsight_version: str = "0.8.0"
-    #: Serve weight files from the Hub mirror as well as configs and tokenizers.
-    hub_serve_weights: bool = False
-    #: Models from nnhost.toml's ``[[model]]`` tables (load options per model).
-    catalog: Annotated[list[dict], BeforeValidator(_json)] = Field(default_factory=list)
-    #: Models fetched from the Hub (HF_ENDPOINT, HF_TOKEN) on first request, from
-    #: nnhost.toml's ``[[allow]]`` tables (repo-id pattern, max_size, dtype, device).
-    allow: Annotated[list[dict], BeforeValidator(_json)] = Field(default_factory=list)
-    #: Disk the models fetched on demand may take together; the least recently used
-    #: is deleted to make room (0: no limit). Listed models never count or go.
-    download_budget: Size = 0
-    #: Memory HOT deployments may use per device, e.g. {"cpu": "16GiB", "cuda:0": "80GB"},
-    #: held as bytes. A device not listed is unbounded; "cpu" defaults to 80% of this
-    #: machine's memory.
-    memory_budget: Annotated[dict[str, Size], BeforeValidator(_pairs)] = Field(default_factory=dict)
-    #: Extra memory reserved per replica on top of its weights (activations, slack).
-    memory_margin: float = Field(0.25, ge=0)
-    #: Allow catalog models that need trust_remote_code.
-    allow_trust_remote_code: bool = False
-    #: Seconds an extra replica (beyond a model's ``replicas``) stays idle before it is stopped.
-    scale_down_after: Duration = 300.0
-    #: Seconds a model's oldest queued job waits before another replica is started
-    #: (up to its ``max_replicas``, where there is room).
-    scale_up_after: Duration = 5.0
-    #: Seconds a graceful shutdown (SIGTERM) waits for running jobs before requeueing them.
-    shutdown_grace: Duration = 30.0
-    #: "keys": every API call needs a key. "none": everyone is the local admin (loopback only).
-    auth: Literal["keys", "none"] = "keys"
-    #: Allow ``auth = "none"`` on a non-loopback address.
-    allow_insecure: bool = False
-    #: Who may make an account on the web pages: "open", "invite" (a code from the CLI) or "closed".
-    signup: Literal["open", "invite", "closed"] = "open"
-    #: Where replicas run: none (processes on this machine), "auto" or a Ray address (HOST:PORT).
-    cluster: Optional[str] = None
-    #: Where job updates travel between processes: none (in this process) or a Redis URL.
-    events: Optional[str] = None
-    #: What this process does: "all" (everything, one process), "api" (requests,
-    #: websockets and results; never runs models) or "controller" (the queue, the
-    #: deployments and the replicas; one acts at a time, others stand by).
-    role: Literal["all", "api", "controller"] = "all"
-    #: Server log lines: "text", or "json" (one object per line, with job and request ids).
-    log_format: Literal["text", "json"] = "text"
-    #: Seconds a web login lasts.
-    session_ttl: Duration = 14 * 24 * 3600.0
-    #: Per-tag limits, from nnhost.toml's ``[limits.TAG]`` tables (see nnhost.auth.limits);
-    #: as an environment variable, a JSON object.
-    limits: Annotated[dict[str, Any], BeforeValidator(_json)] = Field(default_factory=dict)
-    #: Failed API key (or password) attempts one client address may make per window
-    #: before its further failures are refused (a valid key still works).
-    auth_failure_limit: int = Field(30, ge=0)
-    #: Seconds of that window.
-    auth_failure_window: Duration = 300.0
-    #: Accounts one client address may make an hour through the sign-up page (0: no limit).
-    signups_per_address: int = Field(10, ge=0)
-    #: Who may read /metrics: "key" (a key tagged admin or metrics) or "public".
-    metrics_access: Literal["key", "public"] = "key"
-    #: Connections (websockets included) one server process holds at once; past it a request gets 503.
-    max_connections: int = Field(1000, ge=1)
-    #: Proxies whose X-Forwarded-For / X-Forwarded-Proto headers are believed
-    #: (addresses or networks, or "*"); none by default.
-    forwarded_allow_ips: Names = Field(default_factory=list)
-    #: Contain user code (restricted unpickling, import allowlist, read-only weights,
-    #: OS-level layers; see README "Security"). false only for trusted deployments.
-    containment: bool = True
-    #: How contained jobs run: "fork" (each job's process forked from the process
-    #: holding the weights), "mapped" (forked from a template without weights,
-    #: mapping them by handle; see docs), or "auto" (fork on the CPU).
-    execution: Literal["auto", "fork", "mapped"] = "auto"
-    #: Host processes kept started and prepared (libraries imported) so that a cold
-    #: start only loads the weights; each holds a few hundred MB of memory (0: none).
-    spare_hosts: int = Field(1, ge=0, le=8)
-    #: Top-level modules user code may import (nnsight is always allowed).
-    allowed_imports: Names = Field(default_factory=lambda: list(DEFAULT_ALLOWED_IMPORTS))
-    #: Memory one job may use on top of the loaded worker (0: 8 GiB).
-    job_memory_bytes: Size = 0
-    #: Size of the private scratch space (/tmp) of a contained worker.
-    scratch_bytes: Size = 256 * MiB
-    #: Contained workers run as uid/gid worker_uid_base + their pid.
-    worker_uid_base: int = Field(200_000, ge=1)
-    #: More paths a contained worker must not see (the data dir and model cache always are).
-    hidden_paths: Names = Field(default_factory=list)
-    #: TESTS ONLY, never in production: a job's process runs raw, unrestricted Python
-    #: prefixed to a payload (the isolation tests play a user who beat the sandbox).
-    unsafe_test_hooks: bool = False
+    host: Annotated[str, Flag()] = Field("127.0.0.1", description="Address to bind.")
+    port: Annotated[int, Flag()] = Field(8001, ge=1, le=65535, description="Port to bind.")
+    data_dir: Annotated[Path, Flag()] = Field(
+        Path("./nnhost-data"), description="Where the database, results and model cache live (default ./nnhost-data).",
+    )
+    database: Annotated[Optional[str], Flag(metavar="URL")] = Field(
+        None,
+        description="Where jobs, users and keys are kept: sqlite:///PATH or "
+        "postgresql://USER:PASSWORD@HOST/NAME (default: the SQLite file DATA_DIR/nnhost.sqlite3).",
+    )
+    # On the command line: the positional MODEL_IDs of `nnhost serve`.
+    models: Names = Field(
+        default_factory=list,
+        description='Repo ids served (each may be "org/name" or "org/name@revision").',
+    )
+    demo: Annotated[bool, Flag()] = Field(False, description="Build and serve the offline demo model.")
+    api_key: Annotated[Optional[str], Flag()] = Field(
+        None, description="A key to accept for the admin user (else one is generated on first start)."
+    )
+    public_url: Annotated[Optional[str], Flag()] = Field(
+        None,
+        description="Public base URL clients reach the server at, for result links behind a "
+        "proxy (else taken from the request).",
+    )
+    time_limit: Annotated[Duration, Flag()] = Field(
+        3600.0, gt=0, description="How long one request may run: seconds, or e.g. 30m."
+    )
+    kill_grace: Annotated[Duration, Flag()] = Field(
+        10.0,
+        description="Seconds past the time limit before a worker that ignores the interrupt "
+        "is killed.",
+    )
+    inline_result_bytes: Size = Field(
+        1 * MiB,
+        description="Results up to this size ride inline on the websocket; larger ones go by link.",
+    )
+    max_result_bytes: Size = Field(4096 * MiB, description="Largest result kept (0: no limit).")
+    max_request_bytes: Size = Field(256 * MiB, description="Largest request body accepted.")
+    result_retention: Duration = Field(
+        24 * 3600.0, description="Seconds a result (and the job's LOG lines) stays downloadable."
+    )
+    results: Annotated[Optional[str], Flag(metavar="DIR|s3://BUCKET[/PREFIX]")] = Field(
+        None,
+        description="Where results are kept: a directory (default DATA_DIR/results; one all "
+        "machines share, in a cluster) or s3://BUCKET[/PREFIX] (credentials from the AWS "
+        "environment).",
+    )
+    results_endpoint: Annotated[Optional[str], Flag(metavar="URL")] = Field(
+        None, description="URL of an S3-compatible endpoint for s3:// results (default: AWS's own)."
+    )
+    torch_threads: Annotated[int, Flag()] = Field(
+        0,
+        ge=0,
+        description="Threads torch may use in each job (0: the cores less one, split between "
+        "the replicas).",
+    )
+    max_log_lines: int = Field(
+        10_000, ge=0, description="Largest number of LOG lines kept and forwarded from one job."
+    )
+    max_log_bytes: Size = Field(
+        1 * MiB, description="Largest total size of the LOG lines kept and forwarded from one job."
+    )
+    min_nnsight_version: str = Field("0.8.0", description="Oldest nnsight client accepted.")
+    hub_serve_weights: bool = Field(
+        False, description="Serve weight files from the Hub mirror as well as configs and tokenizers."
+    )
+    catalog: Annotated[list[ModelEntry], BeforeValidator(_json)] = Field(
+        default_factory=list,
+        description="Models from nnhost.toml's [[model]] tables (load options per model).",
+    )
+    allow: Annotated[list[dict[str, Any]], BeforeValidator(_json)] = Field(
+        default_factory=list,
+        description="Models fetched from the Hub (HF_ENDPOINT, HF_TOKEN) on first request, from "
+        "nnhost.toml's [[allow]] tables (repo-id pattern, max_size, dtype, device).",
+    )
+    download_budget: Size = Field(
+        0,
+        description="Disk the models fetched on demand may take together; the least recently "
+        "used is deleted to make room (0: no limit). Listed models never count or go.",
+    )
+    memory_budget: Annotated[
+        dict[str, Size], BeforeValidator(_pairs), Flag(metavar="DEVICE=SIZE")
+    ] = Field(
+        default_factory=dict,
+        description="Memory HOT models may use per device, e.g. cpu=8GiB (as a flag: repeatable), "
+        'held as bytes. A device not listed is unbounded; "cpu" defaults to 80% of this '
+        "machine's memory.",
+    )
+    memory_margin: float = Field(
+        0.25, ge=0, description="Extra memory reserved per replica on top of its weights."
+    )
+    allow_trust_remote_code: bool = Field(
+        False, description="Allow catalog models that need trust_remote_code."
+    )
+    scale_down_after: Duration = Field(
+        300.0,
+        description="Seconds an extra replica (beyond a model's replicas) stays idle before it "
+        "is stopped.",
+    )
+    scale_up_after: Duration = Field(
+        5.0,
+        description="Seconds a model's oldest queued job waits before another replica is "
+        "started (up to its max_replicas, where there is room).",
+    )
+    shutdown_grace: Duration = Field(
+        30.0,
+        description="Seconds a graceful shutdown (SIGTERM) waits for running jobs before "
+        "requeueing them.",
+    )
+    auth: Annotated[Literal["keys", "none"], Flag()] = Field(
+        "keys",
+        description="'keys': every API call needs a key. 'none': no API keys, every request is "
+        "the local admin (loopback only).",
+    )
+    allow_insecure: Annotated[bool, Flag()] = Field(
+        False, description="Allow --auth none on a non-loopback address."
+    )
+    signup: Annotated[Literal["open", "invite", "closed"], Flag()] = Field(
+        "open",
+        description="Who may make an account on the web pages: open, invite (a code from the "
+        "CLI) or closed.",
+    )
+    cluster: Annotated[Optional[str], Flag(metavar="ADDRESS")] = Field(
+        None,
+        description="Where replicas run: none (processes on this machine), or a Ray cluster: "
+        "auto, or its address (HOST:PORT).",
+    )
+    events: Annotated[Optional[str], Flag(metavar="URL")] = Field(
+        None,
+        description="Where job updates travel between processes: none (in this process) or "
+        "Redis (redis://HOST:PORT), for several API processes.",
+    )
+    role: Annotated[Literal["all", "api", "controller"], Flag()] = Field(
+        "all",
+        description="What this process does: all (everything, one process); api (requests, "
+        "websockets and results; never runs models); controller (the queue, the deployments "
+        "and the replicas; one acts at a time, others stand by). api and controller processes "
+        "share --database, --events and --results.",
+    )
+    log_format: Annotated[Literal["text", "json"], Flag()] = Field(
+        "text",
+        description="Server log lines: text, or json (one object per line, with job and "
+        "request ids).",
+    )
+    session_ttl: Duration = Field(14 * 24 * 3600.0, description="Seconds a web login lasts.")
+    limits: Annotated[dict[str, Any], BeforeValidator(_json)] = Field(
+        default_factory=dict,
+        description="Per-tag limits, from nnhost.toml's [limits.TAG] tables (see "
+        "nnhost.auth.limits); as an environment variable, a JSON object.",
+    )
+    auth_failure_limit: int = Field(
+        30,
+        ge=0,
+        description="Failed API key (or password) attempts one client address may make per "
+        "window before its further failures are refused (a valid key still works).",
+    )
+    auth_failure_window: Duration = Field(300.0, description="Seconds of that window.")
+    signups_per_address: int = Field(
+        10,
+        ge=0,
+        description="Accounts one client address may make an hour through the sign-up page "
+        "(0: no limit).",
+    )
+    metrics_access: Literal["key", "public"] = Field(
+        "key", description='Who may read /metrics: "key" (a key tagged admin or metrics) or "public".'
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        description="Connections (websockets included) one server process holds at once; past "
+        "it a request gets 503.",
+    )
+    forwarded_allow_ips: Annotated[Names, Flag(metavar="ADDRESSES")] = Field(
+        default_factory=list,
+        description="Proxies whose X-Forwarded-For / X-Forwarded-Proto headers are believed "
+        '(addresses or networks, comma-separated, or "*"; default none).',
+    )
+    containment: bool = Field(
+        True,
+        description="Contain user code (restricted unpickling, import allowlist, read-only "
+        'weights, OS-level layers; see README "Security"). false only for trusted deployments.',
+    )
+    execution: Literal["auto", "fork", "mapped"] = Field(
+        "auto",
+        description='How contained jobs run: "fork" (each job\'s process forked from the process '
+        'holding the weights), "mapped" (forked from a template without weights, mapping them '
+        'by handle; see docs), or "auto" (fork on the CPU).',
+    )
+    spare_hosts: int = Field(
+        1,
+        ge=0,
+        le=8,
+        description="Host processes kept started and prepared (libraries imported) so that a "
+        "cold start only loads the weights; each holds a few hundred MB of memory (0: none).",
+    )
+    allowed_imports: Names = Field(
+        default_factory=lambda: list(DEFAULT_ALLOWED_IMPORTS),
+        description="Top-level modules user code may import (nnsight is always allowed).",
+    )
+    job_memory_bytes: Size = Field(
+        0, description="Memory one job may use on top of the loaded worker (0: 8 GiB)."
+    )
+    scratch_bytes: Size = Field(
+        256 * MiB, description="Size of the private scratch space (/tmp) of a contained worker."
+    )
+    worker_uid_base: int = Field(
+        200_000, ge=1, description="Contained workers run as uid/gid worker_uid_base + their pid."
+    )
+    hidden_paths: Names = Field(
+        default_factory=list,
+        description="More paths a contained worker must not see (the data dir and model cache "
+        "always are).",
+    )
+    unsafe_test_hooks: bool = Field(
+        False,
+        description="TESTS ONLY, never in production: a job's process runs raw, unrestricted "
+        "Python prefixed to a payload (the isolation tests play a user who beat the sandbox).",
+    )
 
     @field_validator("min_nnsight_version")
     @classmethod
@@ -212,31 +398,18 @@ class Settings(BaseSettings):
             raise ValueError("not a version; use one like 0.8.0 or 0.9.0rc1") from None
         return value
 
-    @field_validator("catalog")
-    @classmethod
-    def _models(cls, tables: list[dict]) -> list[dict]:
-        from .deployments.catalog import ModelSpec
-
-        for table in tables:
-            if not isinstance(table, dict):
-                raise ValueError("each [[model]] must be a table with a repo_id")
-            ModelSpec.from_table(dict(table))  # raises, naming the table and the key
-        return tables
-
     @field_validator("allow")
     @classmethod
-    def _allowed(cls, tables: list[dict]) -> list[dict]:
+    def _allowed(cls, tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
         from .deployments.catalog import AllowRule
 
         for table in tables:
-            if not isinstance(table, dict):
-                raise ValueError("each [[allow]] must be a table with a repo_id and a max_size")
             AllowRule.from_table(dict(table))  # raises, naming the table and the key
         return tables
 
     @field_validator("limits")
     @classmethod
-    def _limits(cls, tables: dict) -> dict:
+    def _limits(cls, tables: dict[str, Any]) -> dict[str, Any]:
         from .auth.limits import LimitPolicy
 
         LimitPolicy(tables, max_request_bytes=1)  # raises LimitsConfigError, naming the entry
@@ -278,7 +451,7 @@ class Settings(BaseSettings):
 
     @field_validator("results_endpoint")
     @classmethod
-    def _endpoint(cls, value: Optional[str], info) -> Optional[str]:
+    def _endpoint(cls, value: Optional[str]) -> Optional[str]:
         from urllib.parse import urlsplit
 
         if value is None:
@@ -288,13 +461,26 @@ class Settings(BaseSettings):
             raise ValueError(
                 "use the endpoint's URL, e.g. http://127.0.0.1:9000 or https://s3.example.org"
             )
-        if "results" not in info.data:
-            return value  # results itself is wrong, and says so
-        if not (info.data["results"] or "").startswith("s3://"):
-            raise ValueError(
-                'an endpoint is only used with s3:// results; set results = "s3://BUCKET" too'
-            )
         return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _together(self) -> Settings:
+        """The checks that involve more than one setting (each one is valid alone by now)."""
+        conflict = SettingConflict()
+        if self.results_endpoint is not None and not (self.results or "").startswith("s3://"):
+            conflict.add(
+                'an endpoint is only used with s3:// results; set results = "s3://BUCKET" too',
+                "results_endpoint", self.results_endpoint,
+            )
+        if self.role != "all" and not self.events:
+            conflict.add(
+                f"--role {self.role} needs --events redis://HOST:PORT (the same for every "
+                "process): a job's updates travel from the controller to the API process that "
+                "holds its websocket."
+            )
+        if conflict.problems:
+            raise conflict
+        return self
 
     @classmethod
     def settings_customise_sources(
@@ -334,11 +520,13 @@ class Settings(BaseSettings):
 
 
 #: The TOML values `load_settings` read, for `_TomlSource` (empty outside it).
-_TOML_VALUES: contextvars.ContextVar[dict] = contextvars.ContextVar("nnhost_toml", default={})  # noqa: B039 (read, never mutated)
+_TOML_VALUES: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("nnhost_toml", default={})  # noqa: B039 (read, never mutated)
 
 
 class _TomlSource(PydanticBaseSettingsSource):
-    def get_field_value(self, field, field_name):  # pragma: no cover - __call__ is used
+    def get_field_value(  # pragma: no cover - __call__ is used
+        self, field: FieldInfo, field_name: str
+    ) -> tuple[Any, str, bool]:
         return _TOML_VALUES.get().get(field_name), field_name, False
 
     def __call__(self) -> dict[str, Any]:
@@ -389,22 +577,24 @@ def load_settings(overrides: Mapping[str, Any], config_file: Optional[Path] = No
     environ = {name.upper(): value for name, value in os.environ.items()}
     problems = unknown_environment(environ, Settings.model_fields)
     data_dir = flags.get("data_dir") or environ.get("NNHOST_DATA_DIR") or "./nnhost-data"
-    explicit = config_file is not None
-    config_file = Path(config_file) if explicit else Path(data_dir).expanduser() / "nnhost.toml"
+    path = Path(config_file) if config_file is not None else Path(data_dir).expanduser() / "nnhost.toml"
     toml: dict[str, Any] = {}
-    if explicit and not config_file.is_file():
-        problems.append(f"--config {config_file}: no such file")
-    elif config_file.is_file():
-        toml = read_toml(config_file)
+    if config_file is not None and not path.is_file():
+        problems.append(f"--config {path}: no such file")
+    elif path.is_file():
+        toml = read_toml(path)
     if problems:
         raise SettingsError("\n".join(problems))
     token = _TOML_VALUES.set(toml)
     try:
         return Settings(**flags)
     except ValidationError as error:
-        where = Origins(flags, environ, toml, config_file)
+        where = Origins(flags, environ, toml, path)
         raise SettingsError(
-            "\n".join(describe(item, where, Settings.model_fields) for item in error.errors())
+            "\n".join(
+                describe(item, where, Settings.model_fields, ModelEntry.model_fields)
+                for item in error.errors()
+            )
         ) from None
     finally:
         _TOML_VALUES.reset(token)

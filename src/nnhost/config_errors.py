@@ -10,7 +10,11 @@ valid, and never guess what a bad value meant.
 from __future__ import annotations
 
 import difflib
-from typing import Iterable, Mapping
+import json
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+from pydantic_core import ErrorDetails
 
 from .units import DURATION_HELP, SIZE_HELP
 
@@ -37,10 +41,32 @@ def unknown_environment(environ: Mapping[str, str], fields: Iterable[str]) -> li
     return problems
 
 
+class SettingConflict(ValueError):
+    """Settings that are each valid but cannot go together (raised by `Settings`' model validator).
+
+    Each problem is its message, and the setting and value it is told against
+    (none: the message stands alone).
+    """
+
+    def __init__(self) -> None:
+        super().__init__("settings that cannot go together")
+        self.problems: list[tuple[str, Optional[str], Any]] = []
+
+    def add(self, message: str, key: Optional[str] = None, value: Any = None) -> None:
+        self.problems.append((message, key, value))
+        self.args = ("; ".join(problem[0] for problem in self.problems),)
+
+
 class Origins:
     """Where a setting's value came from, for the message."""
 
-    def __init__(self, flags, environ, toml, config_file) -> None:
+    def __init__(
+        self,
+        flags: Mapping[str, Any],
+        environ: Mapping[str, str],
+        toml: Mapping[str, Any],
+        config_file: Path,
+    ) -> None:
         self.flags, self.environ, self.toml, self.config_file = flags, environ, toml, config_file
 
     def __call__(self, key: str) -> str:
@@ -51,6 +77,23 @@ class Origins:
         if key in self.toml or key == "catalog":
             return str(self.config_file)
         return "the default"
+
+    def entry(self, key: str, index: int) -> Any:
+        """The ``index``-th table of the list setting ``key``, as written (None if unknown)."""
+        tables: Any = self.flags.get(key)
+        if tables is None:
+            tables = self.environ.get(f"{ENV_PREFIX}{key.upper()}")
+            if isinstance(tables, str):
+                try:
+                    tables = json.loads(tables)
+                except ValueError:
+                    tables = None
+        if tables is None:
+            tables = self.toml.get(key)
+        try:
+            return tables[index]
+        except (TypeError, IndexError, KeyError):
+            return None
 
 
 ACCEPTED = {
@@ -67,40 +110,86 @@ ACCEPTED = {
 }
 
 
-def describe(error: dict, origin: Origins, fields: Iterable[str]) -> str:
-    """One line for one pydantic error: the key, the value, where it came from, what is accepted."""
-    location = [str(part) for part in error.get("loc", ())]
-    key = location[0] if location else "?"
-    name = ".".join(location) if location else "?"
+def _reason(error: ErrorDetails) -> str:
+    """What is wrong with the value, and what is accepted instead."""
     value = error.get("input")
     kind = error.get("type", "")
     context = error.get("ctx") or {}
-    if kind == "extra_forbidden":
-        guess = difflib.get_close_matches(key, list(fields), n=1)
-        hint = f"did you mean {guess[0]!r}? " if guess else ""
-        return (
-            f"unknown setting {key!r} = {value!r} (in {origin(key)}); {hint}"
-            "the settings are listed in README's Configuration table"
-        )
     if kind == "value_error":
         reason = str(context.get("error") or error.get("msg", ""))
         if "size" in reason and SIZE_HELP not in reason:
             reason += f"; use {SIZE_HELP}"
         if "duration" in reason and DURATION_HELP not in reason:
             reason += f"; use {DURATION_HELP}"
-        accepted = reason
-    elif kind == "literal_error":
-        accepted = f"not accepted; use one of {context.get('expected')}"
-    elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        return reason
+    if kind == "literal_error":
+        return f"not accepted; use one of {context.get('expected')}"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         bound = {"greater_than": "more than", "greater_than_equal": "at least",
                  "less_than": "less than", "less_than_equal": "at most"}[kind]
         limit = next(iter(context.values()), "?")
-        accepted = f"out of range; use a value {bound} {limit}"
-    elif kind == "json_invalid" or isinstance(value, str) and kind.endswith("_type"):
-        accepted = f"not accepted: {error.get('msg')}"
-    else:
-        accepted = f"not accepted; use {ACCEPTED.get(kind, error.get('msg', 'another value'))}"
+        return f"out of range; use a value {bound} {limit}"
+    if kind == "json_invalid" or isinstance(value, str) and kind.endswith("_type"):
+        return f"not accepted: {error.get('msg')}"
+    return f"not accepted; use {ACCEPTED.get(kind, error.get('msg', 'another value'))}"
+
+
+def _model_entry(
+    error: ErrorDetails, location: list[str], origin: Origins, model_keys: Iterable[str]
+) -> str:
+    """One line for an error inside a ``[[model]]`` table, naming the table and the key."""
+    where = f"(in {origin('catalog')})"
+    kind = error.get("type", "")
+    table = origin.entry("catalog", int(location[1]))
+    name = table.get("repo_id") if isinstance(table, dict) else None
+    entry = f"[[model]] {name!r}" if name else f"[[model]] number {int(location[1]) + 1}"
+    if len(location) == 2:
+        if kind in ("model_type", "model_attributes_type", "dict_type"):
+            return f"each [[model]] must be a table with a repo_id {where}"
+        return f"{_reason(error)} {where}"  # the reason names the model
+    key = ".".join(location[2:])
+    if kind == "extra_forbidden":
+        known = sorted(model_keys)
+        guess = difflib.get_close_matches(key, known, n=1)
+        hint = f"; did you mean {guess[0]!r}?" if guess else ""
+        return (
+            f"{entry}: unknown key {key!r}{hint} (known: {', '.join(known)}) {where}"
+        )
+    if kind == "missing" and key == "repo_id":
+        return f"every [[model]] needs a repo_id {where}"
+    return f"{entry}: {key} = {error.get('input')!r}: {_reason(error)} {where}"
+
+
+def describe(
+    error: ErrorDetails, origin: Origins, fields: Iterable[str], model_keys: Iterable[str] = ()
+) -> str:
+    """One line for one pydantic error: the key, the value, where it came from, what is accepted.
+
+    ``fields`` are the settings' names, ``model_keys`` the keys a ``[[model]]`` table takes.
+    """
+    location = [str(part) for part in error.get("loc", ())]
+    key = location[0] if location else "?"
+    name = ".".join(location) if location else "?"
+    value = error.get("input")
+    kind = error.get("type", "")
+    conflict = (error.get("ctx") or {}).get("error")
+    if isinstance(conflict, SettingConflict):
+        return "\n".join(
+            message if about is None
+            else f"setting {about} = {setting!r} (from {origin(about)}): {message}"
+            for message, about, setting in conflict.problems
+        )
+    if kind == "extra_forbidden" and len(location) == 1:
+        guess = difflib.get_close_matches(key, list(fields), n=1)
+        hint = f"did you mean {guess[0]!r}? " if guess else ""
+        return (
+            f"unknown setting {key!r} = {value!r} (in {origin(key)}); {hint}"
+            "the settings are listed in README's Configuration table"
+        )
+    if key == "catalog" and len(location) >= 2:
+        return _model_entry(error, location, origin, model_keys)
+    accepted = _reason(error)
     if key in ("catalog", "limits"):
-        # The reason already names the table ([[model]] 'org/x', [limits.tag]).
+        # The reason already names the table ([limits.tag]).
         return f"{accepted} (in {origin(key)})"
     return f"setting {name} = {value!r} (from {origin(key)}): {accepted}"

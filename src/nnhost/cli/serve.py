@@ -36,32 +36,10 @@ def _print_welcome(url: str, key_line: str, example: str, catalog, settings) -> 
 
 def serve_command(args: argparse.Namespace) -> int:
     from ..config import load_settings
+    from .flags import given
 
     settings = load_settings(
-        {
-            "host": args.host,
-            "port": args.port,
-            "data_dir": args.data_dir,
-            "database": args.database,
-            "api_key": args.api_key,
-            "time_limit": args.time_limit,
-            "kill_grace": args.kill_grace,
-            "public_url": args.public_url,
-            "torch_threads": args.torch_threads,
-            "demo": args.demo or None,
-            "models": args.models or None,
-            "auth": args.auth,
-            "allow_insecure": args.allow_insecure or None,
-            "signup": args.signup,
-            "memory_budget": ",".join(args.memory_budget) or None,
-            "forwarded_allow_ips": args.forwarded_allow_ips,
-            "log_format": args.log_format,
-            "events": args.events,
-            "role": args.role,
-            "cluster": args.cluster,
-            "results": args.results,
-            "results_endpoint": args.results_endpoint,
-        },
+        {**given(args), "models": args.models or None},  # each flag that is a setting
         Path(args.config) if args.config else None,
     )
     from ..auth.access import settings_problem
@@ -69,14 +47,6 @@ def serve_command(args: argparse.Namespace) -> int:
     problem = settings_problem(settings)
     if problem:
         print(f"nnhost serve: {problem}", file=sys.stderr)
-        return 2
-    if settings.role != "all" and not settings.events:
-        print(
-            f"nnhost serve: --role {settings.role} needs --events redis://HOST:PORT (the same "
-            "for every process): a job's updates travel from the controller to the API "
-            "process that holds its websocket.",
-            file=sys.stderr,
-        )
         return 2
     if settings.events:
         problem = _unreachable(settings.events)
