@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .flags import add_setting_flags
 from .serve import demo_model, serve_command
@@ -60,8 +60,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from ..config import SettingsError
 
+    run: Callable[[argparse.Namespace], int] = args.run
     try:
-        return args.run(args)
+        return run(args)
     except SettingsError as error:
         # The operator's mistake, not ours: the message, no traceback.
         for line in str(error).splitlines():

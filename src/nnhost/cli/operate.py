@@ -100,7 +100,7 @@ def _cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(commands: "argparse._SubParsersAction") -> None:
+def register(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """Add the operator commands to the ``nnhost`` parser."""
 
     def connection(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

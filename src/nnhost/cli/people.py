@@ -15,14 +15,19 @@ import datetime
 import getpass
 import sys
 import time
-from typing import Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
 
 from ..auth.invites import InviteStore
 from ..auth.keys import LOCAL_ADMIN_EMAIL as ADMIN_EMAIL
-from ..auth.keys import KeyStore, UserExists, normalize_tags
+from ..auth.keys import KeyStore, User, UserExists, normalize_tags
 from ..units import parse_duration
 from ..auth.passwords import hash_password, password_problem
 
+if TYPE_CHECKING:
+    from ..db import Database
+
+    #: The ``nnhost`` parser's subcommands, as ``add_subparsers`` returns them.
+    Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def parse_expiry(text: Optional[str], now: Optional[float] = None) -> Optional[float]:
@@ -64,7 +69,7 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 
 
 @contextlib.contextmanager
-def _database(args: argparse.Namespace) -> Iterator:
+def _database(args: argparse.Namespace) -> Iterator["Database"]:
     from ..config import load_settings
     from ..db import DatabaseError, connect
 
@@ -88,7 +93,7 @@ class _Refusal(Exception):
     """A command cannot go on; `_command` prints it and exits 1."""
 
 
-def _user(keys: KeyStore, email: str):
+def _user(keys: KeyStore, email: str) -> User:
     user = keys.find_user(email)
     if user is None:
         raise _Refusal(f"there is no user {email}; see `nnhost users list`")
@@ -130,7 +135,7 @@ def _users_add(args: argparse.Namespace) -> int:
             keys.add_user(args.email, args.tag or (), password_hash=password_hash)
         except UserExists as error:
             return _fail(str(error))
-        user = keys.find_user(args.email)
+        user = _user(keys, args.email)
     tags = ", ".join(user.tags) or "no tags"
     print(f"Added {user.email} ({tags}). Make a key: nnhost keys create --email {user.email}",
           file=sys.stderr)
@@ -141,7 +146,7 @@ def _users_list(args: argparse.Namespace) -> int:
     with _database(args) as connection:
         keys = KeyStore(connection)
         users = keys.users()
-        active = {}
+        active: dict[int, int] = {}
         for info in keys.keys():
             if info.state() == "active":
                 active[info.user_id] = active.get(info.user_id, 0) + 1
@@ -187,7 +192,7 @@ def _users_tags(args: argparse.Namespace) -> int:
         tags |= set(normalize_tags(args.add or ()))
         tags -= set(normalize_tags(args.remove or ()))
         keys.set_tags(user.id, tags)
-        user = keys.find_user(args.email)
+        user = _user(keys, args.email)
     print(f"{user.email}: {', '.join(user.tags) or 'no tags'}", file=sys.stderr)
     return 0
 
@@ -305,7 +310,9 @@ def _invites_list(args: argparse.Namespace) -> int:
 # -- the parser ---------------------------------------------------------------------------
 
 
-def _command(group, name: str, run, help: str) -> argparse.ArgumentParser:
+def _command(
+    group: Subcommands, name: str, run: Callable[[argparse.Namespace], int], help: str
+) -> argparse.ArgumentParser:
     parser = group.add_parser(name, help=help, description=help)
     parser.add_argument("--data-dir", default=None, help="the server's data directory")
     parser.add_argument("--database", default=None, metavar="URL",
@@ -321,7 +328,7 @@ def _command(group, name: str, run, help: str) -> argparse.ArgumentParser:
     return parser
 
 
-def register(commands) -> None:
+def register(commands: Subcommands) -> None:
     """Add ``users``, ``keys`` and ``invites`` to the ``nnhost`` command's subparsers."""
     users = commands.add_parser("users", help="Manage user accounts.")
     user_commands = users.add_subparsers(dest="users_command", required=True)

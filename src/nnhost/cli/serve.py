@@ -12,10 +12,16 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..deployments.catalog import Catalog
 
 
-def _print_welcome(url: str, key_line: str, example: str, catalog, settings) -> None:
+def _print_welcome(
+    url: str, key_line: str, example: str, catalog: Catalog, settings: Settings
+) -> None:
     print(
         "\nnnhost is starting. In the shell where you run nnsight, paste:\n\n"
         f"    export NDIF_HOST={url}\n"
