@@ -22,7 +22,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Optional, Sequence
 
 from fastapi import FastAPI
 
@@ -32,6 +32,7 @@ from .auth.keys import LOCAL_ADMIN_EMAIL, KeyStore
 from .config import Settings
 from .db import connect
 from .deployments.catalog import AllowRule, Catalog, ModelSpec
+from .deployments.contract import ReplicaFactory
 from .deployments.replica import LocalReplica
 from .jobs.bus import EventBus, LocalEventBus
 from .jobs.front import JobFront
@@ -46,6 +47,9 @@ from .storage.payloads import DatabasePayloads
 from .storage.results import ResultStore, open_result_store
 from .telemetry.metrics import Metrics
 from .units import parse_size
+
+if TYPE_CHECKING:
+    from .controller import Controller
 
 log = logging.getLogger("nnhost")
 
@@ -67,7 +71,7 @@ class Server:
     accounts: Optional[Accounts] = None
     metrics: Optional[Metrics] = None
     #: The controller, when this process is (or stands by to be) one.
-    controller: Optional[Any] = None
+    controller: Optional[Controller] = None
 
 
 def parse_model(text: str) -> ModelSpec:
@@ -171,7 +175,7 @@ def prepare_admin_key(settings: Settings) -> Optional[str]:
         database.close()
 
 
-def worker_environ(settings: Settings, catalog: Catalog) -> dict:
+def worker_environ(settings: Settings, catalog: Catalog) -> dict[str, str]:
     """Environment for worker processes: the model cache, and offline when it can be."""
     environ = {"HF_HOME": str(settings.hf_home)}
     cached = all(
@@ -187,7 +191,7 @@ def worker_environ(settings: Settings, catalog: Catalog) -> dict:
     return environ
 
 
-def replica_factory(settings: Settings):
+def replica_factory(settings: Settings) -> ReplicaFactory:
     """Processes on this machine by default; Ray actors where Ray places them with ``cluster``."""
     if not settings.cluster:
         return LocalReplica
@@ -248,7 +252,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
     role = settings.role
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         database = connect(settings.database_url)
         keys = KeyStore(database)
         ensure_admin(keys, settings.api_key)
@@ -268,19 +272,20 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
                         access=access, accounts=accounts, metrics=metrics)
         app.state.server = server
 
-        def build():
+        def build() -> Controller:
             return build_controller(settings, catalog, store, bus, payloads, results,
                                     observers=[metrics.jobs], recent=metrics.jobs.recent)
 
-        def acting(controller) -> None:
+        def acting(controller: Controller) -> None:
             server.controller = controller
             front.link = InProcessLink(controller.service, controller.board)
 
-        tasks = []
-        lease = None
+        tasks: list[asyncio.Task[Any]] = []
+        lease: Optional[Lease] = None
         if role == "all":
-            acting(build())
-            server.controller.start()
+            controller = build()
+            acting(controller)
+            controller.start()
         elif role == "controller":
             # Until it acts, a standby's /status shows the acting controller's board.
             lease = Lease(database)

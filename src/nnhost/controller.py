@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .config import Settings
 from .db import Database
@@ -37,6 +37,9 @@ from .jobs.store import JobStore
 from .storage.payloads import JobPayloads
 from .storage.results import ResultStore
 
+if TYPE_CHECKING:
+    from .telemetry.recent import RecentJobs
+
 log = logging.getLogger("nnhost")
 
 #: How often jobs past their time limit are looked for.
@@ -52,10 +55,10 @@ class Controller:
     scheduler: Scheduler
     service: JobService
     #: The recent-jobs history the board adds to each model (`telemetry.recent`).
-    recent: Optional[object] = None
-    _tasks: list = field(default_factory=list)
+    recent: Optional[RecentJobs] = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
-    def board(self) -> dict:
+    def board(self) -> dict[str, Any]:
         recent = self.recent
         return board(
             self.service,
@@ -117,13 +120,13 @@ def build_controller(
     payloads: JobPayloads,
     results: ResultStore,
     observers: list[JobObserver],
-    recent: Optional[object] = None,
+    recent: Optional[RecentJobs] = None,
 ) -> Controller:
     from .app import memory_budgets, replica_factory, worker_environ
 
     loop = asyncio.get_running_loop()
     scheduler = Scheduler()
-    service: Optional[JobService] = None
+    service: JobService  # bound below, before any of these callbacks can run
 
     deployments = DeploymentManager(
         catalog,
@@ -180,7 +183,7 @@ async def run_controller(
     controller.service.may_act = lambda: time.monotonic() - renewed < lease.ttl - RENEW_EVERY
     on_acting(controller)
     taken = controller.start()
-    relay = Relay(controller.service, database, controller.board, taken=taken,
+    relay = Relay(controller.service, database, controller.board, taken=set(taken),
                   bus=controller.service.bus)
     relaying = asyncio.create_task(relay.run())
     try:

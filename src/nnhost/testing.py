@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import httpx
 
@@ -42,7 +42,8 @@ def point_client_at(server_url: str, api_key: str, root: Path) -> None:
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        port: int = probe.getsockname()[1]
+        return port
 
 
 class ServerProcess:
@@ -54,7 +55,7 @@ class ServerProcess:
         hf_home: Path,
         api_key: str,
         extra_args: Sequence[str] = (),
-        env: Optional[dict] = None,
+        env: Optional[dict[str, str]] = None,
         log_path: Optional[Path] = None,
         port: Optional[int] = None,
     ) -> None:
@@ -66,7 +67,7 @@ class ServerProcess:
         self.env = dict(env or {})
         self.port = port or free_port()
         self.log_path = log_path or self.data_dir / "server.log"
-        self.process: Optional[subprocess.Popen] = None
+        self.process: Optional[subprocess.Popen[bytes]] = None
 
     @property
     def url(self) -> str:
@@ -98,8 +99,9 @@ class ServerProcess:
         self.wait_running(timeout)
         return self
 
-    def status(self) -> dict:
-        return httpx.get(f"{self.url}/status", timeout=5).json()
+    def status(self) -> dict[str, Any]:
+        status: dict[str, Any] = httpx.get(f"{self.url}/status", timeout=5).json()
+        return status
 
     def wait_running(self, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
@@ -143,7 +145,7 @@ class ServerProcess:
     def __enter__(self) -> "ServerProcess":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -162,12 +164,13 @@ class RayCluster:
 
     @property
     def address(self) -> str:
-        return self.cluster.address
+        address: str = self.cluster.address
+        return address
 
-    def node(self, node_id: str):
+    def node(self, node_id: str) -> Any:
         return next(node for node in self.workers if node.node_id == node_id)
 
-    def remove(self, node) -> None:
+    def remove(self, node: Any) -> None:
         self.cluster.remove_node(node, allow_graceful=False)
         self.workers.remove(node)
 
