@@ -347,3 +347,19 @@ def test_settings_that_cannot_go_together_are_refused(tmp_path, monkeypatch):
         tmp_path, monkeypatch, 'role = "api"\nevents = "redis://127.0.0.1:6379"\n'
     )
     assert settings.role == "api"
+
+
+def test_the_other_commands_take_their_settings_flags_from_the_settings_too(tmp_path):
+    from nnhost.cli import build_parser
+    from nnhost.cli.flags import given
+
+    parser = build_parser()
+    database = f"sqlite:///{tmp_path / 'elsewhere.sqlite3'}"
+    args = parser.parse_args(["keys", "create", "--data-dir", str(tmp_path), "--database", database])
+    assert {k: v for k, v in given(args).items() if v is not None} == {
+        "data_dir": str(tmp_path), "database": database,
+    }
+    args = parser.parse_args(["demo-model", "--data-dir", str(tmp_path)])
+    assert given(args)["data_dir"] == str(tmp_path)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["users", "list", "--port", "9000"])  # a serve flag only

@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=serve_command)
 
     demo = commands.add_parser("demo-model", help="Build the offline demo model into the cache.")
-    demo.add_argument("--data-dir", default=None)
+    add_setting_flags(demo, only=["data_dir"])
     demo.set_defaults(run=demo_model)
 
     from .operate import register as register_operator_commands

@@ -15,7 +15,7 @@ on the command line, in ``--help`` and read back (`given`) with no change here.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Iterator, Literal, Union, get_args, get_origin
+from typing import Any, Collection, Iterator, Literal, Optional, Union, get_args, get_origin
 
 from pydantic import BeforeValidator
 from pydantic.fields import FieldInfo
@@ -24,11 +24,11 @@ from ..config import Flag, Settings, flag_of
 from ..units import format_duration, format_size, parse_duration, parse_size
 
 
-def setting_flags() -> Iterator[tuple[str, FieldInfo, Flag]]:
-    """Each setting that is a flag: its name, its field and its `Flag`, in declaration order."""
+def setting_flags(only: Optional[Collection[str]] = None) -> Iterator[tuple[str, FieldInfo, Flag]]:
+    """Each setting that is a flag (or those of ``only``): its name, field and `Flag`, in order."""
     for name, field in Settings.model_fields.items():
         flag = flag_of(field)
-        if flag is not None:
+        if flag is not None and (only is None or name in only):
             yield name, field, flag
 
 
@@ -71,9 +71,14 @@ def help_text(field: FieldInfo) -> str:
     return text.replace("%", "%%")  # argparse formats help with %
 
 
-def add_setting_flags(parser: argparse.ArgumentParser) -> None:
-    """Add a flag to ``parser`` for each setting that carries a `Flag`."""
-    for name, field, flag in setting_flags():
+def add_setting_flags(
+    parser: argparse.ArgumentParser, only: Optional[Collection[str]] = None
+) -> None:
+    """Add a flag to ``parser`` for each setting that carries a `Flag` (or each of ``only``)."""
+    missing = set(only or ()) - {name for name, _field, _flag in setting_flags()}
+    if missing:
+        raise ValueError(f"no setting marked Flag() is called {', '.join(sorted(missing))}")
+    for name, field, flag in setting_flags(only):
         kind = _bare(field.annotation)
         options: dict[str, Any] = {"dest": name, "default": None, "help": help_text(field)}
         if kind is bool:
@@ -91,7 +96,7 @@ def add_setting_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def given(args: argparse.Namespace) -> dict[str, Any]:
-    """The settings the flags in ``args`` set; None for each flag not given.
+    """The settings the flags in ``args`` set; None for each flag not given (or not there).
 
     A repeated table flag (``--memory-budget cpu=8GiB --memory-budget cuda:0=70GB``)
     becomes the ``KEY=VALUE,KEY=VALUE`` text the setting reads from the environment too.

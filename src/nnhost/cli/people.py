@@ -21,6 +21,7 @@ from ..auth.invites import InviteStore
 from ..auth.keys import LOCAL_ADMIN_EMAIL as ADMIN_EMAIL
 from ..auth.keys import KeyStore, User, UserExists, normalize_tags
 from ..units import parse_duration
+from .flags import add_setting_flags
 from ..auth.passwords import hash_password, password_problem
 
 if TYPE_CHECKING:
@@ -72,8 +73,9 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 def _database(args: argparse.Namespace) -> Iterator["Database"]:
     from ..config import load_settings
     from ..db import DatabaseError, connect
+    from .flags import given
 
-    settings = load_settings({"data_dir": args.data_dir, "database": args.database})
+    settings = load_settings(given(args))  # --data-dir, --database
     try:
         database = connect(settings.database_url)
     except DatabaseError as error:
@@ -314,9 +316,7 @@ def _command(
     group: Subcommands, name: str, run: Callable[[argparse.Namespace], int], help: str
 ) -> argparse.ArgumentParser:
     parser = group.add_parser(name, help=help, description=help)
-    parser.add_argument("--data-dir", default=None, help="the server's data directory")
-    parser.add_argument("--database", default=None, metavar="URL",
-                        help="the server's database, when not the one in its data directory")
+    add_setting_flags(parser, only=["data_dir", "database"])  # the server's own
 
     def reporting_refusals(args: argparse.Namespace) -> int:
         try:

@@ -185,8 +185,9 @@ def _unreachable(url: str) -> Optional[str]:
 def demo_model(args: argparse.Namespace) -> int:
     from ..config import load_settings
     from ..models.demo import DEMO_REPO_ID, build_demo_model
+    from .flags import given
 
-    settings = load_settings({"data_dir": args.data_dir})
+    settings = load_settings(given(args))
     snapshot = build_demo_model(settings.hf_home, progress=lambda line: print(line, flush=True))
     print(f"{DEMO_REPO_ID} is ready at {snapshot}")
     return 0
