@@ -13,7 +13,7 @@ whether a change is fatal: `integrity` does.
 from __future__ import annotations
 
 import types
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional, cast
 
 if TYPE_CHECKING:
     from .integrity import GuardReport
@@ -32,7 +32,8 @@ class DictSnapshot:
         #: Keys the library itself resets on every run: put back without a report.
         self.quiet = quiet if isinstance(quiet, frozenset) else frozenset(quiet)
         namespace = attribute_namespace(owner)
-        self.items = dict(namespace)
+        # Callers snapshot owners that have one (``dict(None)`` raises otherwise).
+        self.items = dict(cast(dict[str, Any], namespace))
         self.contents = {
             key: (list(value.items()) if isinstance(value, dict) else list(value))
             for key, value in self.items.items()
@@ -80,7 +81,7 @@ _PRIMITIVES = (str, int, float, bool, bytes, type(None))
 _CACHES = frozenset({"__slotnames__", "__warningregistry__"})
 
 
-class AllKeys(frozenset):
+class AllKeys(frozenset[str]):
     """A ``quiet`` set that contains every key."""
 
     def __contains__(self, key: object) -> bool:
@@ -107,30 +108,31 @@ def _inherited(owner: Any, key: str, value: Any) -> bool:
     return False
 
 
-def attribute_namespace(owner: Any) -> Optional[dict]:
+def attribute_namespace(owner: Any) -> Optional[dict[str, Any]]:
     if isinstance(owner, type):
         return dict(owner.__dict__)
     try:
-        return object.__getattribute__(owner, "__dict__")
+        namespace: dict[str, Any] = object.__getattribute__(owner, "__dict__")
+        return namespace
     except AttributeError:
         return None
 
 
-def _assign(owner: Any, namespace: dict, key: str, value: Any) -> None:
+def _assign(owner: Any, namespace: dict[str, Any], key: str, value: Any) -> None:
     if isinstance(owner, type):
         type.__setattr__(owner, key, value)
     else:
         namespace[key] = value
 
 
-def _delete(owner: Any, namespace: dict, key: str) -> None:
+def _delete(owner: Any, namespace: dict[str, Any], key: str) -> None:
     if isinstance(owner, type):
         type.__delattr__(owner, key)
     else:
         namespace.pop(key, None)
 
 
-def _same_contents(container: Any, content: list) -> bool:
+def _same_contents(container: Any, content: list[Any]) -> bool:
     if isinstance(container, dict):
         if len(container) != len(content):
             return False

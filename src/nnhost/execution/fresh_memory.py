@@ -38,7 +38,7 @@ undefined, and errors only for writes into the shared weights.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional, cast
 
 _EMPTY_PACKETS = (
     "empty", "empty_like", "new_empty", "new_empty_strided", "empty_strided",
@@ -52,10 +52,10 @@ class WeightWriteRefused(RuntimeError):
     """User code tried to write into the shared model's weights."""
 
 
-def _overloads(names: Iterable[str]) -> set:
+def _overloads(names: Iterable[str]) -> set[Any]:
     import torch
 
-    found = set()
+    found: set[Any] = set()
     for name in names:
         packet = getattr(torch.ops.aten, name, None)
         if packet is None:
@@ -80,7 +80,7 @@ def _zero_storage(tensor: Any, start: int = 0) -> None:
     raw[start:].zero_()
 
 
-def _writes(func: Any) -> tuple:
+def _writes(func: Any) -> tuple[tuple[int, str], ...]:
     """(position, name) of the arguments ``func`` writes into, from its schema."""
     written = []
     for index, argument in enumerate(func._schema.arguments):
@@ -107,15 +107,17 @@ def _make_mode_class() -> type:
     empties = _overloads(_EMPTY_PACKETS)
     resizes = _overloads(_RESIZE_PACKETS)
 
-    class BlankAllocations(TorchDispatchMode):
+    class BlankAllocations(TorchDispatchMode):  # type: ignore[no-untyped-call]
         """Zero what the empty family returns; refuse writes into protected storages."""
 
-        def __init__(self, protected: frozenset) -> None:
-            super().__init__()
+        def __init__(self, protected: frozenset[int]) -> None:
+            super().__init__()  # type: ignore[no-untyped-call]
             self.protected = protected
-            self.plans: dict = {}
+            self.plans: dict[Any, tuple[tuple[int, str], ...]] = {}
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Optional[dict[str, Any]] = None
+        ) -> Any:
             kwargs = kwargs or {}
             if func in empties:
                 result = func(*args, **kwargs)
@@ -159,17 +161,17 @@ def _patch_constructors() -> None:
 
     base_new = torch._C.StorageBase.__new__
 
-    def __new__(cls, *args, **kwargs):
+    def __new__(cls: Any, *args: Any, **kwargs: Any) -> Any:
         storage = base_new(cls, *args, **kwargs)
         if args and isinstance(args[0], int) and not isinstance(args[0], bool) and storage.nbytes():
             if storage.device.type != "meta":
                 storage.fill_(0)
         return storage
 
-    torch.UntypedStorage.__new__ = __new__
+    cast(Any, torch.UntypedStorage).__new__ = __new__
     base_resize = torch.UntypedStorage.resize_
 
-    def resize_(self, size):
+    def resize_(self: Any, size: Any) -> Any:
         # A storage's own resize_ goes below the dispatcher on the CPU.
         before = self.nbytes()
         result = base_resize(self, size)
@@ -179,30 +181,32 @@ def _patch_constructors() -> None:
             raw[before:].zero_()
         return result
 
-    torch.UntypedStorage.resize_ = resize_
+    cast(Any, torch.UntypedStorage).resize_ = resize_
     try:
         import numpy
     except ImportError:
         return
 
-    def empty(shape, dtype=float, order="C", *, device=None, like=None):
-        extra = {} if like is None else {"like": like}
+    def empty(shape: Any, dtype: Any = float, order: Any = "C", *, device: Any = None, like: Any = None) -> Any:
+        extra: dict[str, Any] = {} if like is None else {"like": like}
         if device is not None:
             extra["device"] = device
         return numpy.zeros(shape, dtype, order, **extra)
 
-    def empty_like(prototype, dtype=None, order="K", subok=True, shape=None, *, device=None):
+    def empty_like(
+        prototype: Any, dtype: Any = None, order: Any = "K", subok: Any = True, shape: Any = None, *, device: Any = None
+    ) -> Any:
         extra = {} if device is None else {"device": device}
         return numpy.zeros_like(prototype, dtype, order, subok, shape, **extra)
 
     # As the server, before any module refuses writes from user code.
-    numpy.empty = empty
-    numpy.empty_like = empty_like
+    cast(Any, numpy).empty = empty
+    cast(Any, numpy).empty_like = empty_like
 
 
-def protected_storages(tensors: Iterable[Any]) -> frozenset:
+def protected_storages(tensors: Iterable[Any]) -> frozenset[int]:
     """The storage addresses of ``tensors`` that are not in host memory."""
-    pointers = set()
+    pointers: set[int] = set()
     for tensor in tensors:
         if tensor.device.type in ("cpu", "meta"):
             continue
@@ -221,7 +225,7 @@ def prepare() -> None:
 
 
 @contextlib.contextmanager
-def job_memory(protected: frozenset = frozenset()) -> Iterator[None]:
+def job_memory(protected: frozenset[int] = frozenset()) -> Iterator[None]:
     """While a job runs: blank allocations, and no writes into ``protected`` storages."""
     prepare()
     assert _MODE_CLASS is not None
@@ -233,7 +237,7 @@ def release_cached_memory() -> None:
     """Return the CUDA and pinned-host caches' free blocks after a job."""
     import torch
 
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         host_empty = getattr(torch._C, "_host_emptyCache", None)

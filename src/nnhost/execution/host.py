@@ -46,10 +46,17 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .channel import Channel, pair
 from .worker import EXIT_MODEL_CHANGED, WorkerOptions, load_model, place, secure, weight_bytes
+
+if TYPE_CHECKING:
+    from .events import JobEvent, JobSpec
+    from .integrity import ModelGuard
+    from .mapped_weights import ExportedWeights
+    from .policy import WorkerPolicy
+    from .runner import Runner
 
 
 def main() -> None:
@@ -84,9 +91,9 @@ def main() -> None:
         template.send_options(options)
     fork_mode = design is Design.FORK
     namespaces_problem = prepared.namespaces_problem
-    containment: dict = {}
+    containment: dict[str, Any] = {}
 
-    def state(payload: dict) -> None:
+    def state(payload: dict[str, Any]) -> None:
         if containment:
             payload = {**payload, "containment": containment}
         control.send({"type": "state", **payload})
@@ -106,8 +113,8 @@ def main() -> None:
 
             exported = _export(model)
             host_report = contain(policy.limits, namespaces_problem, host_only=True)
-            report = template.hand_over(exported)
-            containment.update(report)
+            template_report = template.hand_over(exported)
+            containment.update(template_report)
             containment["execution"] = design.value
             state({
                 "state": "RUNNING",
@@ -154,13 +161,13 @@ def main() -> None:
 class Prepared:
     """A host made ready for any model of this server: environment applied, libraries imported."""
 
-    environ: dict
-    policy: Any
+    environ: dict[str, str]
+    policy: WorkerPolicy
     template: Optional["Template"]
     namespaces_problem: Optional[str]
 
 
-def prepare(environ: dict) -> Prepared:
+def prepare(environ: dict[str, str]) -> Prepared:
     """Everything a host does before it knows its model, so that a spare can do it ahead of time.
 
     The policy travels in the environment and is taken out before it is
@@ -177,7 +184,7 @@ def prepare(environ: dict) -> Prepared:
     return Prepared(environ, policy, template, namespaces_problem)
 
 
-def enter_environment(environ: dict, policy: Any) -> Optional[str]:
+def enter_environment(environ: dict[str, str], policy: WorkerPolicy) -> Optional[str]:
     """Apply ``environ``, enter the private namespaces, import the libraries (host and template).
 
     Returns why the namespaces could not be entered, or None.
@@ -198,7 +205,7 @@ def enter_environment(environ: dict, policy: Any) -> Optional[str]:
     return namespaces_problem
 
 
-def _preload(policy: Any) -> None:
+def _preload(policy: WorkerPolicy) -> None:
     """Import what loading and serving a model imports (the slow part of a cold start)."""
     import torch  # noqa: F401
     import transformers.pipelines  # noqa: F401  (nnsight builds a pipeline: 1.6 s of imports here)
@@ -212,7 +219,7 @@ def _preload(policy: Any) -> None:
             pass
 
 
-def _export(model: Any) -> Any:
+def _export(model: Any) -> ExportedWeights:
     from .mapped_weights import export
 
     return export(model)
@@ -235,7 +242,7 @@ class Template:
         self.process.wait()
         self.channel.close()
 
-    def _expect(self, wanted: str) -> dict:
+    def _expect(self, wanted: str) -> dict[str, Any]:
         message, fds = self.channel.recv()
         for fd in fds:
             os.close(fd)
@@ -245,7 +252,7 @@ class Template:
             raise RuntimeError(str(message.get("description") or message)[-4000:])
         return message
 
-    def hand_over(self, exported: Any) -> dict:
+    def hand_over(self, exported: ExportedWeights) -> dict[str, Any]:
         """Wait for the template's tree, send it the handles; returns its containment report."""
         ready = self._expect("READY")
         try:
@@ -301,7 +308,7 @@ class Template:
                         os.close(fd)
 
 
-def start_template(environ: dict, policy: Any) -> Template:
+def start_template(environ: dict[str, str], policy: WorkerPolicy) -> Template:
     """Start the template with this host's clean environment; it applies ``environ`` itself."""
     from dataclasses import asdict
 
@@ -325,7 +332,7 @@ def describe_status(process: subprocess.Popen[bytes]) -> str:
 class Forker:
     """Keeps job processes coming; kills and reaps them; never reads what they write."""
 
-    def __init__(self, control: Channel, runner: Any, policy: Any, options: WorkerOptions,
+    def __init__(self, control: Channel, runner: Runner, policy: WorkerPolicy, options: WorkerOptions,
                  weights: Optional[list[int]] = None) -> None:
         from .job_layers import PidNamespaces
 
@@ -345,7 +352,8 @@ class Forker:
     def serve(self) -> None:
         while True:
             try:
-                ready, _, _ = select.select([self.control.sock, self.wake_r], [], [], 1.0)
+                watched: list[socket.socket | int] = [self.control.sock, self.wake_r]
+                ready, _, _ = select.select(watched, [], [], 1.0)
             except InterruptedError:
                 ready = []
             if self.wake_r in ready:
@@ -417,7 +425,7 @@ class Forker:
             os.close(log_r)
 
 
-def serve_in_process(control: Channel, model: Any, runner: Any, guard: Any) -> None:
+def serve_in_process(control: Channel, model: Any, runner: Runner, guard: Optional[ModelGuard]) -> None:
     """Trusted mode and accelerators: this process runs every job, one after another."""
     from .handoff import receive_job
 
@@ -453,10 +461,10 @@ def serve_in_process(control: Channel, model: Any, runner: Any, guard: Any) -> N
         jobs.send({"type": "ready"})
 
 
-def run_one_guarded(spec: Any, runner: Any, jobs: Channel) -> bool:
+def run_one_guarded(spec: JobSpec, runner: Runner, jobs: Channel) -> bool:
     from .job_process import MAX_DESCRIPTION
 
-    def emit(event: Any) -> None:
+    def emit(event: JobEvent) -> None:
         message = {"type": "event", **event.to_dict()}
         if len(message["description"]) > MAX_DESCRIPTION:
             message["description"] = message["description"][:MAX_DESCRIPTION] + " [cut]"

@@ -90,7 +90,7 @@ class _GuardedModule(types.ModuleType):
     a submodule, a lazy cache) writes as usual.
     """
 
-    _user_builtins: Optional[dict] = None
+    _user_builtins: Optional[dict[str, Any]] = None
 
     def __setattr__(self, name: str, value: Any) -> None:
         if _from_user_code():
@@ -112,7 +112,7 @@ def _from_user_code() -> bool:
     return builtins_dict is not None and sys._getframe(2).f_builtins is builtins_dict
 
 
-def guard_module_attributes(user_builtins: dict) -> int:
+def guard_module_attributes(user_builtins: dict[str, Any]) -> int:
     """Make every plain module refuse writes from frames running ``user_builtins``."""
     _GuardedModule._user_builtins = user_builtins
     guarded = 0
@@ -132,7 +132,7 @@ def guard_module_attributes(user_builtins: dict) -> int:
 class ModelGuard:
     """Snapshot a loaded model and its surroundings; undo what each job changes."""
 
-    def __init__(self, model: Any, persistent_objects: dict, *, read_only_weights: bool = True) -> None:
+    def __init__(self, model: Any, persistent_objects: dict[str, Any], *, read_only_weights: bool = True) -> None:
         self.model = model
         self.persistent_objects = persistent_objects
         self.read_only_weights = read_only_weights
@@ -161,7 +161,7 @@ class ModelGuard:
             if kind == "_buffers" and tensor.device.type == "cpu"
         ]
         self.seal: Optional[WeightSeal] = None
-        self.fingerprints: list = []
+        self.fingerprints: list[tuple[str, Any, int]] = []
         if self.image is None:
             named, seen = [], set()
             for owner, kind, name, tensor, _, _ in self.tensors:
@@ -219,7 +219,7 @@ class ModelGuard:
             label = obj.__name__ if isinstance(obj, types.ModuleType) else f"{obj.__module__}.{obj.__qualname__}"
             owners[id(obj)] = (obj, label)
 
-        classes = {type(m) for m in self.model._module.modules()} | {torch.Tensor, type(self.model)}
+        classes: set[type] = {type(m) for m in self.model._module.modules()} | {torch.Tensor, type(self.model)}
         for cls in classes:
             for base in cls.__mro__:
                 if base is object:
@@ -238,7 +238,7 @@ class ModelGuard:
     #: Seconds between full fingerprints of accelerator weights (see `verify_weights`).
     WEIGHT_CHECK_INTERVAL = 60.0
 
-    def protected_storages(self) -> frozenset:
+    def protected_storages(self) -> frozenset[int]:
         """Storages of the weights that are not in read-only memory (refused writes)."""
         return self._protected
 
@@ -289,7 +289,7 @@ class ModelGuard:
         return report
 
 
-def _layout(tensor: Any) -> tuple:
+def _layout(tensor: Any) -> tuple[Any, ...]:
     return (
         tuple(tensor.shape),
         tuple(tensor.stride()),

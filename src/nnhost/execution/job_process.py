@@ -35,11 +35,16 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .channel import Channel
 from .events import JobEvent, JobSpec
 from .handoff import receive_job
+
+if TYPE_CHECKING:
+    from .policy import WorkerPolicy
+    from .runner import Runner
+    from .worker import WorkerOptions
 
 #: A final event's description is cut here (a traceback of a deep recursion, say).
 MAX_DESCRIPTION = 64 * 1024
@@ -51,9 +56,9 @@ TEST_SEPARATOR = b"\n#NNHOST-END-OF-RAW-PYTHON\n"
 def live(
     sock: Any,
     log_fd: int,
-    runner: Any,
-    policy: Any,
-    options: Any,
+    runner: Runner,
+    policy: WorkerPolicy,
+    options: WorkerOptions,
     memory_cgroup: bool,
     weights: Optional[list[int]] = None,
 ) -> None:
@@ -146,7 +151,7 @@ def _detach_from_host(channel_fd: int, log_fd: int, weights: list[int]) -> None:
     del ctypes
 
 
-def run_one(spec: JobSpec, runner: Any, channel: Channel) -> None:
+def run_one(spec: JobSpec, runner: Runner, channel: Channel) -> None:
     """Run the job, stream its events, hold back the final one until the output is flushed."""
     from .process_state import shared_state, shared_state_changes
 
@@ -200,7 +205,7 @@ def _flush_output() -> None:
         pass
 
 
-def _run_test_hook(spec: JobSpec, channel: Channel, runner: Any) -> None:
+def _run_test_hook(spec: JobSpec, channel: Channel, runner: Runner) -> None:
     """TEST_HOOK: run a payload's raw Python prefix unrestricted, as if the sandbox were beaten.
 
     Only a server started with the ``unsafe_test_hooks`` setting (an operator

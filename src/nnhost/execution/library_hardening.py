@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from typing import Any, Iterator
+import types
+from typing import Any, Iterator, Optional, cast
 
 from .sandbox import SandboxPolicy, check_source
 
@@ -37,11 +38,11 @@ def untrusted() -> Iterator[None]:
         _UNTRUSTED.active = previous
 
 
-def _called_from_user_code(user_builtins: dict) -> bool:
+def _called_from_user_code(user_builtins: dict[str, Any]) -> bool:
     """Whether a frame of user code (it runs with ``user_builtins``) is on the stack."""
     if getattr(_UNTRUSTED, "active", False):
         return True
-    frame = sys._getframe(2)
+    frame: Optional[types.FrameType] = sys._getframe(2)
     while frame is not None:
         if frame.f_builtins is user_builtins:
             return True
@@ -49,7 +50,7 @@ def _called_from_user_code(user_builtins: dict) -> bool:
     return False
 
 
-def _check_expression(text: Any, policy: SandboxPolicy, where: str, user_builtins: dict) -> None:
+def _check_expression(text: Any, policy: SandboxPolicy, where: str, user_builtins: dict[str, Any]) -> None:
     # Only strings user code had evaluated: libraries keep evaluating their own
     # annotations as they always have.
     if isinstance(text, str) and _called_from_user_code(user_builtins):
@@ -83,15 +84,15 @@ def _harden_dataclasses() -> None:
     if original is None:  # a dataclasses laid out differently: the shipped ones are checked anyway
         return
 
-    def _process_class(cls, *args, **kwargs):
+    def _process_class(cls: Any, *args: Any, **kwargs: Any) -> Any:
         check_field_names(cls)
         return original(cls, *args, **kwargs)
 
-    dataclasses._process_class = _process_class
+    cast(Any, dataclasses)._process_class = _process_class  # a private name typeshed leaves out
     _HARDENED.append("dataclasses._process_class")
 
 
-def harden_libraries(policy: SandboxPolicy, user_builtins: dict) -> list[str]:
+def harden_libraries(policy: SandboxPolicy, user_builtins: dict[str, Any]) -> list[str]:
     """Route the string evaluators of allowed libraries through `check_source`.
 
     ``typing`` evaluates forward references with ``eval`` in its own globals,
@@ -106,11 +107,11 @@ def harden_libraries(policy: SandboxPolicy, user_builtins: dict) -> list[str]:
 
     original_evaluate = typing.ForwardRef._evaluate
 
-    def _evaluate(self, *args, **kwargs):
+    def _evaluate(self: typing.ForwardRef, *args: Any, **kwargs: Any) -> Any:
         _check_expression(self.__forward_arg__, policy, "<type annotation>", user_builtins)
         return original_evaluate(self, *args, **kwargs)
 
-    typing.ForwardRef._evaluate = _evaluate
+    cast(Any, typing.ForwardRef)._evaluate = _evaluate  # replaces the method for every ForwardRef
     _HARDENED.append("typing.ForwardRef")
     _harden_dataclasses()
     try:
@@ -122,7 +123,7 @@ def harden_libraries(policy: SandboxPolicy, user_builtins: dict) -> list[str]:
 
     # sympy's parser is checked whoever calls it: its strings come from users
     # (directly, or through a sympy object's constructor), never from torch.
-    def stringify_expr(*args, **kwargs):
+    def stringify_expr(*args: Any, **kwargs: Any) -> Any:
         # The Python text sympy is about to compile, whether it then evaluates
         # it directly or rewrites it first (``evaluate=False``).
         code = original_stringify(*args, **kwargs)
@@ -130,7 +131,7 @@ def harden_libraries(policy: SandboxPolicy, user_builtins: dict) -> list[str]:
             check_source(code, "<sympy expression>", policy)
         return code
 
-    def eval_expr(code, local_dict, global_dict):
+    def eval_expr(code: Any, local_dict: Any, global_dict: Any) -> Any:
         if isinstance(code, str):
             check_source(code, "<sympy expression>", policy)
         global_dict = dict(global_dict)

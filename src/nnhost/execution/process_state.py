@@ -14,16 +14,16 @@ random state show through to the next: each job starts from fresh seeds
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from .integrity import GuardReport
 
 
-def process_state() -> dict:
+def process_state() -> dict[str, Any]:
     import torch
 
-    state = {
+    state: dict[str, Any] = {
         "default dtype": torch.get_default_dtype(),
         "grad mode": torch.is_grad_enabled(),
         "torch threads": torch.get_num_threads(),
@@ -41,11 +41,11 @@ def process_state() -> dict:
     return state
 
 
-def restore_process_state(state: dict, report: GuardReport) -> None:
+def restore_process_state(state: dict[str, Any], report: GuardReport) -> None:
     import torch
 
     now = process_state()
-    setters = {
+    setters: dict[str, Callable[[Any], object]] = {
         "default dtype": torch.set_default_dtype,
         "grad mode": torch.set_grad_enabled,
         "torch threads": torch.set_num_threads,
@@ -87,8 +87,8 @@ def fresh_random_state() -> None:
         pass
 
 
-def child_processes() -> set:
-    children: set = set()
+def child_processes() -> set[int]:
+    children: set[int] = set()
     try:
         for task in os.listdir("/proc/self/task"):
             with open(f"/proc/self/task/{task}/children") as file:
@@ -98,7 +98,7 @@ def child_processes() -> set:
     return children
 
 
-def stop_children(known: set) -> int:
+def stop_children(known: set[int]) -> int:
     """Kill and reap the child processes a job started (its DataLoader workers, say)."""
     import signal
 
@@ -119,7 +119,7 @@ def stop_children(known: set) -> int:
 # --- what a job changed in its own process (fork-per-job: reported, never restored) --------
 
 
-def shared_state() -> dict:
+def shared_state() -> dict[str, Any]:
     """torch's process-wide settings and global hooks, cheaply (tens of microseconds).
 
     With one process per job nothing needs restoring: this only lets the final
@@ -139,6 +139,6 @@ def shared_state() -> dict:
     return state
 
 
-def shared_state_changes(before: dict) -> list[str]:
+def shared_state_changes(before: dict[str, Any]) -> list[str]:
     after = shared_state()
     return [f"torch {key}" for key, value in before.items() if after.get(key) != value]

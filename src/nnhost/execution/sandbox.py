@@ -44,7 +44,7 @@ import dis
 import sys
 import types
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from .sandbox_rules import (
     DEFAULT_ALLOWED_IMPORTS,
@@ -77,7 +77,7 @@ class SandboxPolicy:
     allowed_imports: tuple[str, ...] = DEFAULT_ALLOWED_IMPORTS
     #: Check sources and guard builtins (False: trusted deployment, run as is).
     enabled: bool = True
-    roots: frozenset = field(init=False, repr=False, compare=False)
+    roots: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         names = tuple(dict.fromkeys(name.strip() for name in self.allowed_imports if name.strip()))
@@ -226,7 +226,7 @@ def check_source(source: str, filename: str, policy: SandboxPolicy) -> None:
 # --- the builtins user code runs with ---------------------------------------------
 
 
-def guarded_builtins(policy: SandboxPolicy) -> dict:
+def guarded_builtins(policy: SandboxPolicy) -> dict[str, Any]:
     """A ``__builtins__`` dict for user code: the policy applied at run time."""
     real_import = _builtins.__import__
     real_getattr, real_setattr, real_delattr = _builtins.getattr, _builtins.setattr, _builtins.delattr
@@ -234,7 +234,13 @@ def guarded_builtins(policy: SandboxPolicy) -> dict:
         name: value for name, value in vars(_builtins).items() if name not in REMOVED_BUILTINS
     }
 
-    def __import__(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A001
+    def __import__(  # noqa: A001
+        name: str,
+        globals: Optional[Mapping[str, object]] = None,
+        locals: Optional[Mapping[str, object]] = None,
+        fromlist: Sequence[str] = (),
+        level: int = 0,
+    ) -> types.ModuleType:
         if level:
             raise ImportRefused("relative imports are not available on this server")
         if not fromlist and not _written_import(sys._getframe(1)):
@@ -260,11 +266,11 @@ def guarded_builtins(policy: SandboxPolicy) -> dict:
             return module
         return real_import(name, None, None, fromlist, 0)
 
-    def getattr(obj, name, *default):  # noqa: A001
+    def getattr(obj: Any, name: str, *default: Any) -> Any:  # noqa: A001
         check_attribute(name)
         return real_getattr(obj, name, *default)
 
-    def hasattr(obj, name):  # noqa: A001
+    def hasattr(obj: Any, name: str) -> bool:  # noqa: A001
         check_attribute(name)
         try:
             real_getattr(obj, name)
@@ -272,11 +278,11 @@ def guarded_builtins(policy: SandboxPolicy) -> dict:
             return False
         return True
 
-    def setattr(obj, name, value):  # noqa: A001
+    def setattr(obj: Any, name: str, value: Any) -> None:  # noqa: A001
         check_attribute(name)
         real_setattr(obj, name, value)
 
-    def delattr(obj, name):  # noqa: A001
+    def delattr(obj: Any, name: str) -> None:  # noqa: A001
         check_attribute(name)
         real_delattr(obj, name)
 
@@ -289,7 +295,7 @@ def guarded_builtins(policy: SandboxPolicy) -> dict:
 _IMPORT_NAME = dis.opmap["IMPORT_NAME"]
 
 
-def _written_import(frame: Any) -> bool:
+def _written_import(frame: types.FrameType) -> bool:
     """Whether ``frame`` is executing an ``import`` statement (not a call into a library).
 
     The interpreter calls ``__import__`` from the ``IMPORT_NAME`` instruction of
@@ -317,7 +323,7 @@ def preload_lazy_submodules(policy: SandboxPolicy) -> list[str]:
     return loaded
 
 
-def install_builtins(namespace: dict, builtins_dict: dict) -> None:
+def install_builtins(namespace: dict[str, Any], builtins_dict: dict[str, Any]) -> None:
     """Make code run in ``namespace`` (as globals) see ``builtins_dict``.
 
     ``exec`` and function objects take their builtins from the ``__builtins__``

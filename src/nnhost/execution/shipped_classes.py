@@ -99,7 +99,7 @@ def _method_code(source: str, name: str, class_name: str, filename: str, line: i
     return None
 
 
-def rebind_methods(cls: type, state: dict, sources: dict[int, tuple]) -> None:
+def rebind_methods(cls: type, state: dict[str, Any], sources: dict[int, tuple[str, str, str, int]]) -> None:
     """Replace each shipped method in ``state`` by one compiled inside ``cls``.
 
     ``sources`` maps ``id(function)`` to ``(source, name, filename, line)`` for
@@ -170,7 +170,7 @@ DATACLASS_GENERATED = frozenset(
 )
 
 
-def library_template(cls: type, state: dict) -> Optional[tuple[frozenset, Callable[[type], None]]]:
+def library_template(cls: type, state: dict[str, Any]) -> Optional[tuple[frozenset[str], Callable[[type], None]]]:
     """What ``cls``'s library generated, and how to make it again once its state is set.
 
     Of the attributes in ``state`` that arrived as `Unavailable` (bytecode, or a
@@ -196,7 +196,7 @@ def _malformed(what: str) -> Exception:
     return RefusedPayload(f"Your request's payload has a malformed {what}.")
 
 
-def _named_tuple(name: str, fields: list[str], defaults: dict) -> type:
+def _named_tuple(name: str, fields: list[str], defaults: dict[str, Any]) -> type:
     import collections
 
     ordered = [defaults[field] for field in fields if field in defaults]
@@ -206,12 +206,12 @@ def _named_tuple(name: str, fields: list[str], defaults: dict) -> type:
         raise _malformed(f"named tuple ({error})") from None
 
 
-def _complete_named_tuple(cls: type, template: type, missing: frozenset) -> None:
+def _complete_named_tuple(cls: type, template: type, missing: frozenset[str]) -> None:
     for name in missing:
         setattr(cls, name, vars(template)[name])
 
 
-def _complete_dataclass(cls: type, state: dict) -> None:
+def _complete_dataclass(cls: type, state: dict[str, Any]) -> None:
     import dataclasses
     import inspect
 

@@ -35,8 +35,12 @@ import signal
 import socket
 import sys
 import traceback
+from typing import TYPE_CHECKING, Any
 
 from .channel import Channel
+
+if TYPE_CHECKING:
+    from .worker import WorkerOptions
 
 
 def main() -> None:
@@ -104,11 +108,11 @@ def main() -> None:
     Forker(channel, runner, policy, options, weights=fds).serve()
 
 
-def build_tree(options: object) -> object:
+def build_tree(options: WorkerOptions) -> Any:
     """The model as nnsight builds it, on the meta device: the tree jobs bind weights into."""
     from nnsight.modeling.mixins.remotable import Remotable  # type: ignore[import-untyped]
 
-    model = Remotable.from_model_key(options.model_key, dispatch=False, **options.load_kwargs)  # type: ignore[attr-defined]
+    model = Remotable.from_model_key(options.model_key, dispatch=False, **options.load_kwargs)
     for parameter in model._module.parameters():
         parameter.requires_grad_(False)
     model._module.eval()

@@ -158,7 +158,7 @@ def secure(
     return runner, guard, report
 
 
-def warm_up(model: Any, runner: Any) -> Optional[str]:
+def warm_up(model: Any, runner: Runner) -> Optional[str]:
     """Run one request of our own through the whole job path, in the host, before any fork.
 
     Every job process starts as a copy of the host: whatever the host has
