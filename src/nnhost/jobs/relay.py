@@ -234,7 +234,7 @@ class Relay:
                 ))
                 continue
             try:
-                await asyncio.to_thread(self.service.payloads.path, job.id)
+                await asyncio.to_thread(self.service.payloads.fetch_to_file, job.id)
             except (OSError, ValueError):
                 pass  # dispatching reads it again, and fails the job saying so
             self.service.accept(job)

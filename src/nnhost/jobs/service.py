@@ -130,7 +130,7 @@ class JobService(Upkeep):
             if job is None or job.status.final:
                 continue
             try:
-                payload_path = self.payloads.path(job.id)
+                payload_path = self.payloads.fetch_to_file(job.id)
             except (OSError, ValueError) as error:
                 log.error("the payload of %s cannot be read: %s", job.id, error)
                 self.scheduler.finished(name, job.id, ran=False)

@@ -45,6 +45,10 @@ class BlobDir:
     def path(self, job_id: str) -> Path:
         return self.root / f"{check_job_id(job_id)}{self.suffix}"
 
+    def fetch_to_file(self, job_id: str) -> Path:
+        """The blob's file (`payloads.JobPayloads`): it is already on this machine."""
+        return self.path(job_id)
+
     def write(self, job_id: str, data: bytes) -> Path:
         path = self.path(job_id)
         write_file(path, data)

@@ -1,9 +1,10 @@
 """Where accepted request payloads wait until a replica runs them.
 
 `JobPayloads` is what the job services need: write a payload (the API, when
-it accepts a request), know it is there, give the replica a file on this
-machine to hand to the worker as a descriptor, and delete it when the job
-ends. Two implementations:
+it accepts a request), know it is there, fetch it into a file on this
+machine for the replica to hand to the worker as a descriptor, and delete it
+when the job ends. Every method blocks (disk or database): code on the event
+loop calls them through `storage.blocking.run_blocking`. Two implementations:
 
 - `storage.blobs.BlobDir`: files in the data directory, for one process
   (``role = "all"``), where the API and the controller share a disk.
@@ -30,12 +31,18 @@ from .blobs import BlobDir, check_job_id
 
 
 class JobPayloads(Protocol):
+    """Blocking: call from a thread, or on the loop through `run_blocking`."""
+
     def write(self, job_id: str, data: bytes) -> object: ...
 
     def exists(self, job_id: str) -> bool: ...
 
-    def path(self, job_id: str) -> Path:
-        """A file on this machine holding the payload (for the replica's hand-off)."""
+    def fetch_to_file(self, job_id: str) -> Path:
+        """A file on this machine holding the payload (for the replica's hand-off).
+
+        May copy the payload there first (from the database, for
+        `DatabasePayloads`); raises `FileNotFoundError` if none is stored.
+        """
 
     def delete(self, job_id: str) -> None: ...
 
@@ -56,7 +63,8 @@ class DatabasePayloads:
         with self.database.read() as db:
             return db.execute(query).first() is not None
 
-    def path(self, job_id: str) -> Path:
+    def fetch_to_file(self, job_id: str) -> Path:
+        """Read the payload from the database into the spool file, once; that file's path."""
         if not self.spool.exists(job_id):
             query = select(job_payloads.c.data).where(job_payloads.c.job_id == job_id)
             with self.database.read() as db:
