@@ -13,8 +13,11 @@ loaded straight from the server's cache folder.
 
 from __future__ import annotations
 
+import dis
+import importlib
 import inspect
 import shutil
+import sys
 import tempfile
 import types
 from pathlib import Path
@@ -200,55 +203,98 @@ def _child_python(code: types.CodeType) -> bool:
 
 
 _STARTS: dict = {}
+_DIRECT: dict = {}
 
 
-def starts(thing, seen: Optional[set] = None) -> tuple[set[str], set[str]]:
+def starts(thing) -> tuple[set[str], set[str]]:
     """What the code of a function or class of tests/ starts, helpers it names included.
 
     Returns the tiers found and the fixtures it asks for by name (`request.getfixturevalue`).
     """
-    if seen is None:
-        if thing not in _STARTS:
-            _STARTS[thing] = starts(thing, set())
-        return _STARTS[thing]
+    if thing not in _STARTS:
+        tiers: set[str] = set()
+        asked: set[str] = set()
+        seen = {thing}
+        pending = [thing]
+        while pending:
+            found, wants, helpers = _direct(pending.pop())
+            tiers |= found
+            asked |= wants
+            pending.extend(helper for helper in helpers if helper not in seen)
+            seen.update(helpers)
+        _STARTS[thing] = tiers, asked
+    return _STARTS[thing]
+
+
+def _direct(thing) -> tuple[set[str], set[str], list]:
+    """What `thing`'s own code starts, the fixtures it asks for, and the helpers it names."""
+    if thing in _DIRECT:
+        return _DIRECT[thing]
     tiers: set[str] = set()
     asked: set[str] = set()
-    if id(thing) in seen:
-        return tiers, asked
-    seen.add(id(thing))
-    thing = inspect.unwrap(getattr(thing, "__func__", thing))
-    if isinstance(thing, type):
-        for base in thing.__mro__:
-            for tier, names in STARTERS.items():
-                if base.__name__ in names:
-                    tiers.add(tier)
-        for member in vars(thing).values():
+    helpers: list = []
+    unwrapped = inspect.unwrap(getattr(thing, "__func__", thing))
+    if isinstance(unwrapped, type):
+        for base in unwrapped.__mro__:
+            tiers |= {tier for tier, names in STARTERS.items() if base.__name__ in names}
+        for member in vars(unwrapped).values():
             member = member.fget if isinstance(member, property) else member
             member = getattr(member, "__func__", member)
             if inspect.isfunction(member):
-                more, more_asked = starts(member, seen)
-                tiers |= more
-                asked |= more_asked
-        return tiers, asked
-    code = getattr(thing, "__code__", None)
-    if code is None:
-        return tiers, asked
-    namespace = getattr(thing, "__globals__", {})
-    for part in _codes(code):
-        if _child_python(part):
-            tiers.add("e2e")
-        if "getfixturevalue" in part.co_names:
-            asked |= {const for const in part.co_consts if isinstance(const, str)}
-        for name in part.co_names:
-            for tier, names in STARTERS.items():
-                if name in names:
-                    tiers.add(tier)
-            helper = namespace.get(name)
-            if (inspect.isfunction(helper) or isinstance(helper, type)) and _ours(helper):
-                more, more_asked = starts(helper, seen)
-                tiers |= more
-                asked |= more_asked
-    return tiers, asked
+                helpers.append(member)
+    elif getattr(unwrapped, "__code__", None) is not None:
+        namespace = getattr(unwrapped, "__globals__", {})
+        for part in _codes(unwrapped.__code__):
+            if _child_python(part):
+                tiers.add("e2e")
+            if "getfixturevalue" in part.co_names:
+                asked |= {const for const in part.co_consts if isinstance(const, str)}
+            for name in part.co_names:
+                tiers |= {tier for tier, names in STARTERS.items() if name in names}
+            helpers.extend(_named(part, namespace))
+    _DIRECT[thing] = tiers, asked, helpers
+    return _DIRECT[thing]
+
+
+def _named(code: types.CodeType, namespace: dict) -> list:
+    """The functions and classes of tests/ that `code` names: its module's globals, what it
+    imports itself, and attributes of the tests/ modules it names (``programs.run``)."""
+    modules = [namespace[name] for name in code.co_names
+               if isinstance(namespace.get(name), types.ModuleType) and _ours_module(namespace[name])]
+    found = []
+    module = None
+    imports = dis.opmap["IMPORT_NAME"] in code.co_code[::2]  # opcodes are every other byte
+    for instruction in dis.get_instructions(code) if imports else ():
+        if instruction.opname == "IMPORT_NAME":
+            module = _imported(instruction.argval, namespace)
+            if module is not None:
+                modules.append(module)
+        elif instruction.opname == "IMPORT_FROM" and module is not None:
+            found.append(getattr(module, instruction.argval, None))
+    for name in code.co_names:
+        found.append(namespace.get(name))
+        found.extend(getattr(module, name, None) for module in modules)
+    return [helper for helper in found
+            if (inspect.isfunction(helper) or isinstance(helper, type)) and _ours(helper)]
+
+
+def _ours_module(module: types.ModuleType) -> bool:
+    path = getattr(module, "__file__", None)
+    return bool(path) and Path(path).resolve().is_relative_to(_TESTS)
+
+
+def _imported(name: str, namespace: dict) -> Optional[types.ModuleType]:
+    """The module of tests/ an import statement in `namespace`'s module names, if it is one."""
+    package = namespace.get("__package__") or ""
+    for candidate in dict.fromkeys([f"{package}.{name}" if package else name, name]):
+        module = sys.modules.get(candidate)
+        if module is None:
+            folder = _TESTS / "/".join(candidate.split(".")[:-1]) if "." in candidate else _TESTS
+            if not (folder / f"{candidate.rsplit('.', 1)[-1]}.py").is_file():
+                continue
+            module = importlib.import_module(candidate)
+        return module if _ours_module(module) else None
+    return None
 
 
 def _fixture_tiers(item: pytest.Item, name: str, done: set[str]) -> set[str]:

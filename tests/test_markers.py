@@ -72,6 +72,18 @@ class Uses:
 
 def asks(request):
     return request.getfixturevalue("postgres")
+
+
+def imports_a_helper():
+    from kinds import run_client  # a child Python, in a module of tests/
+
+    return run_client
+
+
+def through_a_module():
+    import kinds
+
+    return kinds.run_client
 '''
 
 
@@ -83,17 +95,23 @@ def samples() -> dict:
     return namespace
 
 
-@pytest.mark.parametrize("name, tiers, asked", [
-    ("pure", set(), set()),
-    ("server", {"e2e"}, set()),
-    ("calls_a_helper", {"services"}, set()),
-    ("child_python", {"e2e"}, set()),
-    ("Answering", {"e2e"}, set()),
-    ("Uses", {"services"}, set()),
-    ("asks", set(), {"postgres"}),
-])
-def test_what_code_starts_is_found_through_its_helpers(samples, name, tiers, asked):
-    assert starts(samples[name]) == (tiers, asked)
+#: Each sample's tiers and the fixtures it asks for by name.
+SAMPLE_STARTS = {
+    "pure": (set(), set()),
+    "server": ({"e2e"}, set()),
+    "calls_a_helper": ({"services"}, set()),
+    "child_python": ({"e2e"}, set()),
+    "Answering": ({"e2e"}, set()),
+    "Uses": ({"services"}, set()),
+    "asks": (set(), {"postgres"}),
+    "imports_a_helper": ({"e2e"}, set()),
+    "through_a_module": ({"e2e"}, set()),
+}
+
+
+@pytest.mark.parametrize("name", SAMPLE_STARTS)
+def test_what_code_starts_is_found_through_its_helpers(samples, name):
+    assert starts(samples[name]) == SAMPLE_STARTS[name]
 
 
 def test_every_collected_test_has_a_tier_and_unit_only_alone(request):
