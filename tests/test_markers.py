@@ -1,4 +1,4 @@
-"""The tier markers tests/conftest.py gives each test, from what the test starts.
+"""The tier markers tests/conftest.py gives each test (tests/tiers.py), from what it starts.
 
 `make check` runs the `unit` tier only, so a test that starts a server but is
 marked `unit` would slow the fast loop, and a test with no tier would run in
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import COLLECTED_TIERS, TIERS, starts
+from tiers import COLLECTED_TIERS, TIERS, starts
 
 #: Tests whose tiers are known, as the whole suite collects them.
 KNOWN = {
