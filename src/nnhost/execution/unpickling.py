@@ -109,16 +109,20 @@ class RestrictedUnpickler(_PythonUnpickler):
     def __init__(self, file: Any, persistent_objects: Optional[dict[Any, Any]] = None) -> None:
         super().__init__(file)
         self.persistent_objects = persistent_objects or {}
-        # Objects the payload may read but never write into; kept alive so that
-        # an id is not reused during the load.
-        self._protected: dict[int, Any] = {}
-        self._functions: dict[int, Any] = {}
-        self._classes: dict[int, Any] = {}
-        self._callables: dict[int, Any] = {}
+        # Registries by id, read by the checked reconstructors too; each keeps its
+        # objects alive so that an id is not reused during the load.
+        #: Objects the payload may read but never write into.
+        self.protected: dict[int, Any] = {}
+        #: Functions this load compiled from shipped source (they may be filled in).
+        self.functions: dict[int, Any] = {}
+        #: Classes the payload shipped (they may be filled in and instantiated).
+        self.classes: dict[int, Any] = {}
+        #: What the payload may call.
+        self.callables: dict[int, Any] = {}
         #: Classes of `DEFINITION_GLOBALS` this payload named (dataclass fields and the like).
         self._definition_types: dict[int, type] = {}
         #: Source of each function this load compiled, to compile a method again in its class.
-        self._sources: dict[int, tuple[str, str, str, int]] = {}
+        self.sources: dict[int, tuple[str, str, str, int]] = {}
         #: Parts of the payload not built (`Unavailable`): refused if still needed at the end.
         self._deferred: list[weakref.ref[Unavailable]] = []
         self._substitutes: dict[tuple[str, str], Any] = {}
@@ -126,15 +130,17 @@ class RestrictedUnpickler(_PythonUnpickler):
 
     # -- what may be named -------------------------------------------------------
 
-    def _protect(self, obj: _T) -> _T:
-        self._protected[id(obj)] = obj
+    def protect(self, obj: _T) -> _T:
+        """``obj`` is the server's: the payload may read it, never write into it."""
+        self.protected[id(obj)] = obj
         return obj
 
-    def _allow_call(self, obj: _T) -> _T:
-        self._callables[id(obj)] = obj
+    def allow_call(self, obj: _T) -> _T:
+        """The payload may call ``obj``."""
+        self.callables[id(obj)] = obj
         return obj
 
-    def _defer(self, reason: str) -> Unavailable:
+    def defer(self, reason: str) -> Unavailable:
         """A stand-in for a part refused only if it is still needed once the load is over."""
         placeholder = Unavailable(reason)
         self._deferred.append(weakref.ref(placeholder))
@@ -153,27 +159,27 @@ class RestrictedUnpickler(_PythonUnpickler):
             # enum bases, named tuple accessors), whatever the import policy.
             value = DEFINITION_GLOBALS[key]()
             if key in DEFINITION_CALLABLES:
-                self._allow_call(value)
+                self.allow_call(value)
             if isinstance(value, type):
                 self._definition_types[id(value)] = value  # its instances are data: NEWOBJ may make them
-            return self._protect(value)
+            return self.protect(value)
         if name.endswith(".__new__") and "." in name and module in ("enum", "builtins"):
             owner = self.find_class(module, name.rsplit(".", 1)[0])
             if isinstance(owner, type):
-                return self._protect(owner.__new__)
+                return self.protect(owner.__new__)
         image_class = image_class_for(module, name)
         if image_class is not None:
-            return self._protect(image_class)  # made and filled as data only (`unpickling_images`)
+            return self.protect(image_class)  # made and filled as data only (`unpickling_images`)
         if root in IMPORT_MACHINERY:
-            return self._allow_call(Inert)
+            return self.allow_call(Inert)
         if module == "builtins":
             if name not in SAFE_BUILTINS:
                 raise refuse(qualified, "only data types and pure functions of builtins are")
-            return self._protect(builtin(name))
+            return self.protect(builtin(name))
         if module in ("copyreg", "copy_reg"):
             raise refuse(qualified, "copyreg reconstructors are not needed by nnsight")
         if root == "collections" or (module, name) == ("functools", "partial"):
-            return self._protect(self._resolve(module, name, private_ok=False))
+            return self.protect(self._resolve(module, name, private_ok=False))
         if root not in self.policy.roots:
             raise refuse(
                 qualified,
@@ -181,7 +187,7 @@ class RestrictedUnpickler(_PythonUnpickler):
                 f"({self.policy.describe()})",
             )
         value = self._resolve(module, name, private_ok=root == "nnsight")
-        return self._protect(value)
+        return self.protect(value)
 
     def _resolve(self, module: str, name: str, private_ok: bool) -> Any:
         qualified = f"{module}.{name}"
@@ -203,7 +209,7 @@ class RestrictedUnpickler(_PythonUnpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         try:
-            return self._protect(self.persistent_objects[pid])
+            return self.protect(self.persistent_objects[pid])
         except (KeyError, TypeError):
             raise RefusedPayload(
                 f"Your request refers to {pid!r}, which this server's model does not have. "
@@ -215,19 +221,19 @@ class RestrictedUnpickler(_PythonUnpickler):
     def _install_substitutes(self) -> None:
         substitutes = checked_reconstructors(self)
         for function in substitutes.values():
-            self._allow_call(function)
+            self.allow_call(function)
         self._substitutes = substitutes
         for constructor in BUILTIN_CONSTRUCTORS + (
             collections.OrderedDict, collections.defaultdict, collections.deque,
             collections.Counter, functools.partial,
         ):
-            self._allow_call(constructor)
+            self.allow_call(constructor)
         try:
             import numpy
             import torch
 
             for constructor in (torch.Size, torch.device, numpy.ndarray):
-                self._allow_call(constructor)
+                self.allow_call(constructor)
         except ImportError:
             pass
 
@@ -236,7 +242,7 @@ class RestrictedUnpickler(_PythonUnpickler):
     dispatch = dict(_PythonUnpickler.dispatch)
 
     def _callable_ok(self, function: Any) -> bool:
-        if id(function) in self._callables:
+        if id(function) in self.callables:
             return True
         if isinstance(function, type):
             # Exceptions and enums only look values up or store arguments;
@@ -263,7 +269,7 @@ class RestrictedUnpickler(_PythonUnpickler):
             raise refuse("a call with malformed arguments")
         value = function(*args)
         if isinstance(function, enum.EnumMeta):
-            self._protect(value)  # a member is a shared singleton
+            self.protect(value)  # a member is a shared singleton
         stack[-1] = value
 
     dispatch[pickle.REDUCE[0]] = load_reduce
@@ -272,7 +278,7 @@ class RestrictedUnpickler(_PythonUnpickler):
         """``cls.__new__`` runs library code with the payload's arguments: allow few classes."""
         if not isinstance(cls, type) or issubclass(cls, type):
             raise refuse(f"an instance of {describe(cls)}", "only plain classes may be made")
-        if id(cls) in self._classes or cls is Inert or cls in BUILTIN_CONSTRUCTORS:
+        if id(cls) in self.classes or cls is Inert or cls in BUILTIN_CONSTRUCTORS:
             return
         if id(cls) in self._definition_types:
             return
@@ -300,13 +306,13 @@ class RestrictedUnpickler(_PythonUnpickler):
     dispatch[pickle.NEWOBJ_EX[0]] = load_newobj_ex
 
     def _check_target(self, target: Any) -> None:
-        if id(target) in self._protected:
+        if id(target) in self.protected:
             raise refuse(
                 f"a change to {describe(target)}",
                 "a request may not modify the server's objects while it is read",
             )
         if isinstance(target, (type, types.ModuleType, types.FunctionType)) and not (
-            id(target) in self._classes or id(target) in self._functions
+            id(target) in self.classes or id(target) in self.functions
         ):
             raise refuse(f"a change to {describe(target)}", "only objects it creates may be filled in")
 
@@ -430,7 +436,7 @@ class RestrictedUnpickler(_PythonUnpickler):
             return
         # Drop the load's own references (memo, registries), then see what lives.
         self.memo.clear()
-        for registry in (self._protected, self._functions, self._classes, self._callables, self._sources,
+        for registry in (self.protected, self.functions, self.classes, self.callables, self.sources,
                          self._definition_types):
             registry.clear()
         gc.collect()

@@ -49,14 +49,14 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         if problem:
             # Refused only if it is still needed when the load is over (a method
             # the server makes again may have been its only user).
-            return me._defer(problem)
+            return me.defer(problem)
         if name.split(".")[0] == "builtins":
             module = types.ModuleType("builtins")
             vars(module).update(
                 {k: v for k, v in user_builtins.items() if not k.startswith("__")}
             )
-            return me._protect(module)
-        return me._protect(importlib.import_module(name))
+            return me.protect(module)
+        return me.protect(importlib.import_module(name))
 
     def dynamic_subimport(name: str, namespace: dict[str, Any]) -> Any:
         if not isinstance(name, str) or not isinstance(namespace, dict):
@@ -71,10 +71,10 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         if name not in SAFE_TYPE_NAMES:
             raise refuse(f"types.{name}", "only plain data types are")
         if name == "MethodType":
-            return me._allow_call(bind_method)
+            return me.allow_call(bind_method)
         if name == "CodeType":
-            return me._allow_call(code_stub)
-        return me._allow_call(me._protect(getattr(types, name)))
+            return me.allow_call(code_stub)
+        return me.allow_call(me.protect(getattr(types, name)))
 
     def bind_method(function: Any, instance: Any) -> Any:
         if not isinstance(function, (types.FunctionType, types.BuiltinFunctionType)):
@@ -94,7 +94,7 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
             raise refuse("cloudpickle.cloudpickle._make_function", "a malformed function")
         code, name = args[0], args[2]
         described = code.reason if isinstance(code, Unavailable) else "compiled bytecode"
-        return me._defer(
+        return me.defer(
             f"{described}: the function {name!r} came without its source "
             "(cloudpickle.cloudpickle._make_function). Define it in a file nnsight can read, "
             "or in your script, so that its source is sent"
@@ -115,14 +115,14 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
     def typing_base(base: Any) -> bool:
         # typing.NamedTuple, typing.Generic[T], typing.Protocol[T]: they name
         # their real bases through __mro_entries__.
-        return id(base) in me._protected and (
+        return id(base) in me.protected and (
             getattr(base, "__module__", None) == "typing" or type(base).__module__ == "typing"
         )
 
     def track(cls: type, tracker_id: Any) -> type:
-        me._classes[id(cls)] = cls
+        me.classes[id(cls)] = cls
         remember_client_class(cls, tracker_id)
-        return me._allow_call(cls)
+        return me.allow_call(cls)
 
     def make_skeleton_class(
         type_constructor: Any, name: Any, bases: Any, type_kwargs: Any, tracker_id: Any, extra: Any
@@ -176,7 +176,7 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         )
 
     def class_setstate(obj: Any, state: Any) -> Any:
-        if id(obj) not in me._classes:
+        if id(obj) not in me.classes:
             raise refuse(describe(obj), "only classes shipped in the request may be filled in")
         if not (isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict)):
             raise refuse("a malformed class")
@@ -185,7 +185,7 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
             if not isinstance(name, str):
                 raise refuse("a malformed class")
             if name == "__del__" or (
-                name in DENIED_METHODS and (id(value) in me._functions or is_unavailable(value))
+                name in DENIED_METHODS and (id(value) in me.functions or is_unavailable(value))
             ):
                 raise refuse(f"a class that defines {name}", "it would run outside your request")
         attributes = dict(attributes)
@@ -197,11 +197,11 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
             attributes = {
                 k: v for k, v in attributes.items() if not (k in generated and is_unavailable(v))
             }
-        rebind_methods(obj, attributes, me._sources)
+        rebind_methods(obj, attributes, me.sources)
         for value in attributes.values():
             for part in (value.__func__,) if isinstance(value, (staticmethod, classmethod)) else (value,):
                 if isinstance(part, types.FunctionType):
-                    me._functions[id(part)] = part
+                    me.functions[id(part)] = part
         cp._class_setstate(obj, (attributes, slots))
         if complete is not None:
             complete(obj)
@@ -219,7 +219,7 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         except SandboxViolation as error:
             # Refused only if still needed once the load is over: a method of a
             # named tuple or dataclass the server makes again may replace it.
-            return me._defer(str(error))
+            return me.defer(str(error))
         loaded = serialization._load_function(
             source, name, defaults, kwdefaults, annotations, filename, line
         )
@@ -234,14 +234,14 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         function.__kwdefaults__ = loaded.__kwdefaults__
         function.__annotations__ = loaded.__annotations__
         function.__qualname__ = loaded.__qualname__
-        me._functions[id(function)] = function
-        me._sources[id(function)] = (source, name, f"[{name}:{line}] {filename}", line)
+        me.functions[id(function)] = function
+        me.sources[id(function)] = (source, name, f"[{name}:{line}] {filename}", line)
         return function
 
     def fill(function: Any, namespace: Any) -> None:
         if isinstance(function, Unavailable) and isinstance(namespace, dict):
             return
-        if id(function) not in me._functions or not isinstance(namespace, dict):
+        if id(function) not in me.functions or not isinstance(namespace, dict):
             raise refuse("globals for a function the request did not ship")
         namespace = {k: v for k, v in namespace.items() if k != "__builtins__"}
         function.__globals__.update(namespace)
@@ -252,7 +252,7 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
             problem = None  # a class's constructor (``tuple.__new__`` in a named tuple's _make)
         if problem:
             raise refuse(f"the attribute {name!r}", problem)
-        return me._protect(getattr(obj, name))
+        return me.protect(getattr(obj, name))
 
     def numpy_dtype(spec: Any, align: bool = False, copy: bool = False) -> Any:
         import numpy
@@ -266,7 +266,7 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         # typing's forms and classes are subscripted, never a container.
         if not (isinstance(obj, type) or type(obj).__module__ == "typing"):
             raise refuse(f"a subscript of {describe(obj)}", "only type annotations are subscripted")
-        return me._protect(obj[key])
+        return me.protect(obj[key])
 
     def annotation(value: Any) -> bool:
         return value is None or isinstance(value, type) or type(value).__module__ in ("typing", "types")
@@ -275,7 +275,7 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         # ``int | None`` in an annotation (types.UnionType pickles as a reduce of ``|``).
         if not (annotation(left) and annotation(right)):
             raise refuse("a ``|`` of values that are not types", "only type annotations are combined")
-        return me._protect(left | right)
+        return me.protect(left | right)
 
     def reduce_union(function: Any, items: Any) -> Any:
         if function is not type_union or not isinstance(items, tuple) or not items:
@@ -284,7 +284,7 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
 
     def field_type_sentinel(name: Any) -> Any:
         try:
-            return me._protect(cp._get_dataclass_field_type_sentinel(name))
+            return me.protect(cp._get_dataclass_field_type_sentinel(name))
         except (KeyError, TypeError):
             raise refuse("a malformed dataclass field") from None
 
@@ -299,7 +299,7 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         import torch
         from torch._tensor import _rebuild_from_type_v2
 
-        if id(function) not in me._callables or not (
+        if id(function) not in me.callables or not (
             isinstance(new_type, type) and issubclass(new_type, torch.Tensor)
         ):
             raise refuse("a tensor rebuilt by something other than torch's rebuilders")
