@@ -56,8 +56,8 @@ postgres:
 serve: install
 	$(BIN)/nnhost serve --demo $(ARGS)
 
-# The fast loop, in well under a minute: ruff, mypy and the tests marked `unit` (no server,
-# service or browser; tests/conftest.py marks each test from what it starts). No apt installs.
+# The fast loop: ruff, mypy and the tests marked `unit` (no server, service or browser;
+# tests/tiers.py says which, from what each test starts). No apt installs.
 check: $(VENV)/.installed
 	$(BIN)/python -m ruff check src tests benchmarks
 	$(BIN)/python -m mypy
