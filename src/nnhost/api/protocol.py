@@ -20,6 +20,7 @@ from ..deployments.catalog import InvalidModelKey
 from ..jobs.bus import Frame
 from ..jobs.front import SessionNotOwned, Submission, UnknownModel
 from ..jobs.update import JobUpdate
+from ..storage.blocking import run_blocking
 from ..storage.results import ResultMissing
 from ..wire import RequestEnvelope
 from . import replies
@@ -134,10 +135,10 @@ async def job_result(
             403, "This result link is invalid or has expired. Poll the job again for a fresh link."
         )
     # The sweep deletes a result when its retention ends: if it is stored, it is current.
-    store = server.results
+    store = server.results.on_loop()
     try:
-        size = await asyncio.to_thread(store.size, job_id)
-        body = await asyncio.to_thread(store.open, job_id) if size is not None else None
+        size = await store.size(job_id)
+        body = await store.open(job_id) if size is not None else None
     except (ResultMissing, ValueError):
         body = None
     if body is None:
@@ -145,10 +146,10 @@ async def job_result(
 
     async def chunks() -> AsyncIterator[bytes]:
         try:
-            while chunk := await asyncio.to_thread(body.read, RESULT_CHUNK):
+            while chunk := await run_blocking(body.read, RESULT_CHUNK):
                 yield chunk
         finally:
-            await asyncio.to_thread(body.close)
+            await run_blocking(body.close)
 
     return StreamingResponse(
         chunks(),

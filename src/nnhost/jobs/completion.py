@@ -4,9 +4,10 @@ Split from `service` so the lifecycle reads on its own. `Completion` is a part
 of `JobService` (it uses the service's settings, store and result store) and
 runs on the same event loop. The worker's file is committed to the result
 store before anything is announced, and the size checked is the one the store
-holds. A remote store (S3) blocks on the network, so its calls run in a
-thread and the job is recorded when they return; a local directory is a
-rename and is done in place, as the event arrives.
+holds. Storing is one blocking step (`_store_result`) that the result store's
+loop side runs where its I/O belongs (`AsyncResultStore.run_then`): in place
+for a local directory (a rename, done as the event arrives), in a thread for
+S3, the job recorded when it returns.
 """
 
 from __future__ import annotations
@@ -14,18 +15,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Unpack
+from functools import cached_property, partial
+from typing import TYPE_CHECKING, Any, Optional, Unpack
 
 from ..units import format_size
 from .job import Job, Status
 
 if TYPE_CHECKING:
     from ..config import Settings
-    from ..storage.results import ResultStore
+    from ..storage.results import AsyncResultStore, ResultStore
     from .store import Changes, JobStore
 
 log = logging.getLogger("nnhost.jobs")
-T = TypeVar("T")
 #: What storing a result came to: (stored size, bytes to send inline, whether it failed).
 Outcome = tuple[Optional[int], Optional[bytes], bool]
 
@@ -45,6 +46,10 @@ class Completion:
 
         def _finished(self, name: str, job_id: str, ran: bool = True) -> None: ...
 
+    @cached_property
+    def _results_on_loop(self) -> AsyncResultStore:
+        return self.results.on_loop()
+
     def _complete(
         self, name: str, job: Job, description: str, meta: Optional[dict[str, Any]]
     ) -> None:
@@ -53,40 +58,32 @@ class Completion:
         The job stays RUNNING until the store holds its result, so a client
         told COMPLETED can always download it.
         """
-        inline = bool(job.session_id)
-        if not self.results.remote:
-            self._stored(name, job.id, description, meta, self._store_result(job.id, inline))
-            return
         if job.id in self._storing:
             return  # already being stored (check_event lets no second COMPLETED through)
 
-        async def store() -> None:
-            try:
-                outcome = await asyncio.to_thread(self._store_result, job.id, inline)
-                self._stored(name, job.id, description, meta, outcome)
-            except Exception:
-                log.exception("could not record the result of %s", job.id)
-            finally:
-                self._storing.pop(job.id, None)
+        work = partial(self._store_result, job_id=job.id, inline=bool(job.session_id))
+        stored = partial(self._stored, name, job.id, description, meta)
+        storing = self._results_on_loop.run_then(work, stored)
+        if storing is not None:  # in a thread: the job is recorded when it is done
+            self._storing[job.id] = storing
+            storing.add_done_callback(lambda _: self._storing.pop(job.id, None))
 
-        self._storing[job.id] = asyncio.get_running_loop().create_task(store())
-
-    def _store_result(self, job_id: str, inline: bool) -> Outcome:
-        """Blocking (a thread's, for a remote store): (stored size, inline bytes, whether it failed)."""
+    def _store_result(self, results: ResultStore, *, job_id: str, inline: bool) -> Outcome:
+        """Blocking: (stored size, inline bytes, whether it failed)."""
         try:
-            size = self.results.commit(job_id)
+            size = results.commit(job_id)
             limit = self.settings.max_result_bytes
             if size is not None and limit and size > limit:
-                self.results.delete(job_id)
+                results.delete(job_id)
                 return size, None, False
             data = None
             if inline and size is not None and size <= self.settings.inline_result_bytes:
-                data = self.results.read(job_id)
+                data = results.read(job_id)
             return size, data, False
         except Exception:
-            log.exception("could not store the result of %s in %s", job_id, self.results.location)
+            log.exception("could not store the result of %s in %s", job_id, results.location)
             try:
-                self.results.delete(job_id)
+                results.delete(job_id)
             except Exception:
                 log.exception("could not remove the unstored result of %s", job_id)
             return None, None, True
@@ -99,7 +96,7 @@ class Completion:
         job = self.store.get(job_id)
         if job is None or job.status.final:
             # Cancelled or failed as stuck while its result was being stored: drop it.
-            self._blocking_soon(self.results.delete, job_id)
+            self._results_on_loop.run_then(partial(_drop_result, job_id=job_id), _nothing)
             self._finished(name, job_id)
             return
         limit = self.settings.max_result_bytes
@@ -126,27 +123,19 @@ class Completion:
             )
         self._finished(name, job_id)
 
-    async def _blocking(self, call: Callable[..., T], *args: Any) -> T:
-        """Run a result-store call: in a thread for a remote store, here for a local one."""
-        if self.results.remote:
-            return await asyncio.to_thread(call, *args)
-        return call(*args)
-
-    def _blocking_soon(self, call: Callable[..., Any], *args: Any) -> None:
-        """`_blocking`, from synchronous code: a remote call is left to run on its own."""
-        if not self.results.remote:
-            call(*args)
-            return
-
-        async def run() -> None:
-            try:
-                await asyncio.to_thread(call, *args)
-            except Exception:
-                log.exception("result store call %s failed", getattr(call, "__name__", call))
-
-        asyncio.get_running_loop().create_task(run())
-
     async def settled(self) -> None:
         """Wait until no result is being stored (before a shutdown requeues jobs; in tests)."""
         while self._storing:
             await asyncio.gather(*list(self._storing.values()), return_exceptions=True)
+
+
+def _drop_result(results: ResultStore, *, job_id: str) -> None:
+    """Blocking: delete a result nobody will be told of (its failure is only logged)."""
+    try:
+        results.delete(job_id)
+    except Exception:
+        log.exception("could not delete the result of %s", job_id)
+
+
+def _nothing(_: None) -> None:
+    pass

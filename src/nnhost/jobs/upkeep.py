@@ -15,6 +15,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Optional
 
+from ..storage.blocking import run_blocking
 from ..units import format_duration
 from .completion import Completion
 from .intake import LIVE_STATUSES
@@ -104,7 +105,7 @@ class Upkeep(Completion):
         orphans = now - self._orphans_swept >= min(ORPHAN_SWEEP_SECONDS, self.settings.result_retention)
         if orphans:
             self._orphans_swept = now
-        deleted = await self._blocking(self._delete_results, expired, stale if orphans else None)
+        deleted = await run_blocking(self._delete_results, expired, stale if orphans else None)
         for job_id in deleted:
             self.store.forget_result(job_id)
             self.store.delete_logs(job_id)  # a job's LOG lines go with its result

@@ -11,18 +11,33 @@ Results are deleted by the job service's sweep when their retention ends
 (`delete`), and `expire` removes whatever the database has forgotten (a crash
 between upload and record).
 
-The stores know nothing of jobs, HTTP routes or the database; they never run
-on the event loop when ``remote`` is true (the caller hops to a thread).
+The stores know nothing of jobs, HTTP routes or the database. Two contracts
+say which calls block:
+
+- `ResultStore`, the blocking side: every method may wait on a disk or the
+  network. The worker's side, the sweep (in a thread) and tools call it.
+- `AsyncResultStore`, the store as code on the event loop calls it
+  (``store.on_loop()``): its I/O methods are coroutines, and `run_then` runs
+  a blocking step where this store's I/O belongs. Each store says which:
+  `DirectoryStore`'s calls are a rename, stat or open on this machine's disk
+  and run in place (`InPlaceResults`); `S3Store`'s cross the network and run
+  in a thread (`ThreadedResults`, through `blocking.run_blocking`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 from pathlib import Path
-from typing import BinaryIO, Optional, Protocol, runtime_checkable
+from typing import BinaryIO, Callable, Optional, Protocol, TypeVar, runtime_checkable
 
 from .blobs import check_job_id, write_file
+from .blocking import run_blocking
 from .links import LinkSigner
+
+log = logging.getLogger("nnhost.storage")
+T = TypeVar("T")
 
 #: The ``/result/{id}`` route a directory store's links point at (served by api/protocol.py).
 RESULT_ROUTE = "/result"
@@ -40,8 +55,11 @@ class ResultMissing(LookupError):
 
 @runtime_checkable
 class ResultStore(Protocol):
-    #: Whether calls go over the network (then never call them on the event loop).
-    remote: bool
+    """The blocking contract: every method may wait (disk, network) unless it says not.
+
+    Call it from a thread or from synchronous code off the event loop; code on
+    the loop uses `on_loop`.
+    """
 
     @property
     def location(self) -> str:
@@ -51,7 +69,7 @@ class ResultStore(Protocol):
         """Raise `ResultStoreError` (with what to do) unless results can be written and read."""
 
     def staging_path(self, job_id: str) -> Path:
-        """The local file a worker writes ``job_id``'s result into."""
+        """The local file a worker writes ``job_id``'s result into (a name: no I/O)."""
 
     def commit(self, job_id: str) -> Optional[int]:
         """Make the staged file (if any) the stored result; the stored size, or None."""
@@ -75,7 +93,7 @@ class ResultStore(Protocol):
         """A URL that gets the result with a plain GET (no key, no redirect) for ``ttl`` seconds.
 
         ``base_url`` is where clients reach this server (a store that serves
-        its own links ignores it).
+        its own links ignores it). A signature computed here: no I/O.
         """
 
     def delete(self, job_id: str) -> None:
@@ -84,11 +102,169 @@ class ResultStore(Protocol):
     def expire(self, before: float) -> int:
         """Remove results and staged files last written before ``before``; returns how many results."""
 
+    def on_loop(self) -> AsyncResultStore:
+        """This store as code on the event loop calls it."""
+
+
+class AsyncResultStore(Protocol):
+    """The result store as code on the event loop calls it: its I/O methods are coroutines.
+
+    The methods that are not coroutines do no I/O. `store` is the blocking
+    side, for the work `run_then` is given.
+    """
+
+    @property
+    def store(self) -> ResultStore: ...
+
+    @property
+    def location(self) -> str: ...
+
+    def staging_path(self, job_id: str) -> Path: ...
+
+    def signed_url(self, job_id: str, ttl: float, base_url: str) -> str: ...
+
+    async def commit(self, job_id: str) -> Optional[int]: ...
+
+    async def write(self, job_id: str, data: bytes) -> int: ...
+
+    async def open(self, job_id: str) -> BinaryIO:
+        """The stored result; reading and closing it block too (run them with `run_blocking`)."""
+
+    async def read(self, job_id: str) -> bytes: ...
+
+    async def size(self, job_id: str) -> Optional[int]: ...
+
+    async def exists(self, job_id: str) -> bool: ...
+
+    async def delete(self, job_id: str) -> None: ...
+
+    async def expire(self, before: float) -> int: ...
+
+    def run_then(
+        self, work: Callable[[ResultStore], T], then: Callable[[T], None]
+    ) -> Optional[asyncio.Task[None]]:
+        """Run the blocking ``work(store)`` where this store's I/O runs, then ``then(answer)`` here.
+
+        In place (both done when it returns None), or in a thread: then the
+        task that calls ``then`` on the loop once ``work`` is done, for the
+        caller to keep or await. ``work`` should catch what it can handle; an
+        error that escapes ``then`` is raised in place, or logged by the task.
+        """
+
+
+class InPlaceResults:
+    """`AsyncResultStore` for a store whose calls return at once (a folder on this machine)."""
+
+    def __init__(self, store: ResultStore) -> None:
+        self._store = store
+
+    @property
+    def store(self) -> ResultStore:
+        return self._store
+
+    @property
+    def location(self) -> str:
+        return self._store.location
+
+    def staging_path(self, job_id: str) -> Path:
+        return self._store.staging_path(job_id)
+
+    def signed_url(self, job_id: str, ttl: float, base_url: str) -> str:
+        return self._store.signed_url(job_id, ttl, base_url)
+
+    async def commit(self, job_id: str) -> Optional[int]:
+        return self._store.commit(job_id)
+
+    async def write(self, job_id: str, data: bytes) -> int:
+        return self._store.write(job_id, data)
+
+    async def open(self, job_id: str) -> BinaryIO:
+        return self._store.open(job_id)
+
+    async def read(self, job_id: str) -> bytes:
+        return self._store.read(job_id)
+
+    async def size(self, job_id: str) -> Optional[int]:
+        return self._store.size(job_id)
+
+    async def exists(self, job_id: str) -> bool:
+        return self._store.exists(job_id)
+
+    async def delete(self, job_id: str) -> None:
+        self._store.delete(job_id)
+
+    async def expire(self, before: float) -> int:
+        return self._store.expire(before)
+
+    def run_then(
+        self, work: Callable[[ResultStore], T], then: Callable[[T], None]
+    ) -> Optional[asyncio.Task[None]]:
+        then(work(self._store))
+        return None
+
+
+class ThreadedResults:
+    """`AsyncResultStore` for a store whose calls wait on the network: each runs in a thread."""
+
+    def __init__(self, store: ResultStore) -> None:
+        self._store = store
+
+    @property
+    def store(self) -> ResultStore:
+        return self._store
+
+    @property
+    def location(self) -> str:
+        return self._store.location
+
+    def staging_path(self, job_id: str) -> Path:
+        return self._store.staging_path(job_id)
+
+    def signed_url(self, job_id: str, ttl: float, base_url: str) -> str:
+        return self._store.signed_url(job_id, ttl, base_url)
+
+    async def commit(self, job_id: str) -> Optional[int]:
+        return await run_blocking(self._store.commit, job_id)
+
+    async def write(self, job_id: str, data: bytes) -> int:
+        return await run_blocking(self._store.write, job_id, data)
+
+    async def open(self, job_id: str) -> BinaryIO:
+        return await run_blocking(self._store.open, job_id)
+
+    async def read(self, job_id: str) -> bytes:
+        return await run_blocking(self._store.read, job_id)
+
+    async def size(self, job_id: str) -> Optional[int]:
+        return await run_blocking(self._store.size, job_id)
+
+    async def exists(self, job_id: str) -> bool:
+        return await run_blocking(self._store.exists, job_id)
+
+    async def delete(self, job_id: str) -> None:
+        await run_blocking(self._store.delete, job_id)
+
+    async def expire(self, before: float) -> int:
+        return await run_blocking(self._store.expire, before)
+
+    def run_then(
+        self, work: Callable[[ResultStore], T], then: Callable[[T], None]
+    ) -> Optional[asyncio.Task[None]]:
+        async def run() -> None:
+            try:
+                then(await run_blocking(work, self._store))
+            except Exception:
+                log.exception("a call to the result store %s, or what follows it, failed", self.location)
+
+        return asyncio.get_running_loop().create_task(run())
+
 
 class DirectoryStore:
-    """Results as files in one folder (local, or shared by every machine), served by this server."""
+    """Results as files in one folder (local, or shared by every machine), served by this server.
 
-    remote = False
+    Its calls are a rename, a stat, an open or an unlink: on the event loop
+    they run in place (`on_loop`).
+    """
 
     def __init__(self, root: Path, signer: LinkSigner) -> None:
         self.root = Path(root)
@@ -173,6 +349,9 @@ class DirectoryStore:
                     continue
                 removed += entry.name.endswith(STORED)
         return removed
+
+    def on_loop(self) -> AsyncResultStore:
+        return InPlaceResults(self)
 
 
 def open_result_store(

@@ -11,8 +11,9 @@ removes the spool copy.
 Credentials come from boto3's standard chain (``AWS_ACCESS_KEY_ID`` and
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE`` and ``~/.aws``, or an instance role);
 the region from ``AWS_DEFAULT_REGION``/``AWS_REGION`` or the profile
-(``us-east-1`` if none). Every call here blocks on the network: callers on the
-event loop must hop to a thread (`remote` says so). This module never imports
+(``us-east-1`` if none). Every call here blocks on the network: code on the
+event loop calls the store through `on_loop`, which runs each call in a thread
+(`results.ThreadedResults`). This module never imports
 boto3 until an S3 store is built, so a directory-store server does not pay for it.
 """
 
@@ -25,7 +26,14 @@ from pathlib import Path
 from typing import Any, BinaryIO, Optional
 
 from .blobs import check_job_id
-from .results import STAGED, STORED, ResultMissing, ResultStoreError
+from .results import (
+    STAGED,
+    STORED,
+    AsyncResultStore,
+    ResultMissing,
+    ResultStoreError,
+    ThreadedResults,
+)
 
 SCHEME = "s3://"
 #: SigV4 presigned URLs are valid for at most a week; a client polling later gets a fresh one.
@@ -91,8 +99,6 @@ def _code(error: Exception) -> str:
 
 class S3Store:
     """Results as objects ``PREFIX/<job id>.result`` in one bucket."""
-
-    remote = True
 
     def __init__(
         self, url: str, *, endpoint: Optional[str], spool: Path, client: Optional[Any] = None
@@ -248,3 +254,6 @@ class S3Store:
                 except FileNotFoundError:
                     pass
         return len(old)
+
+    def on_loop(self) -> AsyncResultStore:
+        return ThreadedResults(self)
