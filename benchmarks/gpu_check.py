@@ -653,7 +653,7 @@ def _parent_command(pid: int) -> str:
         return ""
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--small", action="store_true", help="a tiny model (for the CPU): --size small")
@@ -665,6 +665,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed small traces per side")
     parser.add_argument("--executions", default="auto,mapped",
                         help="execution designs to check, one server each (auto: in-process on CUDA, fork on the CPU)")
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     import torch
 

@@ -56,12 +56,12 @@ def test_quick_start_is_two_commands():
     assert [block.strip() for block in blocks] == ["make serve", "make test"]
 
 
-def _bench_parser():
-    """``make bench ARGS=...`` is the README's other command line."""
+def _script_parser(name: str):
+    """The README's other command lines: ``make bench ARGS=...`` and the GPU check."""
     import importlib.util
 
-    path = README.parent / "benchmarks" / "suite.py"
-    spec = importlib.util.spec_from_file_location("nnhost_bench_suite", path)
+    path = README.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"nnhost_bench_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.build_parser()
@@ -73,7 +73,7 @@ def test_every_flag_named_exists_in_the_cli():
     from nnhost.cli import build_parser
 
     known: set[str] = set()
-    pending = [build_parser(), _bench_parser()]
+    pending = [build_parser(), _script_parser("suite"), _script_parser("gpu_check")]
     while pending:
         parser = pending.pop()
         for action in parser._actions:
