@@ -84,6 +84,25 @@ def _maps_weights(pid: int) -> bool:
         return "nnhost-weights" in file.read()
 
 
+def _job_maps_weights(pid: int, within: float = 10.0) -> "bool | None":
+    """Whether a job's process maps the weights once it has bound them; None if it ended first.
+
+    A process just forked for the next job binds them only after its own
+    namespaces and /proc (a GPU's driver starts nowhere else), so a look in
+    that instant sees none yet: wait for the binding, not for the fork.
+    """
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            if _maps_weights(pid):
+                return True
+        except OSError:
+            return None
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
 def test_status_names_each_deployments_design(mapped_server, server):
     def design(process):
         deployment = process.status()["deployments"][TEST_REPO]
@@ -117,7 +136,7 @@ def test_no_job_runs_in_the_process_that_holds_the_weights(mapped_server, remote
                     seen.update(table=table, host=hosts[0], template=templates[0], jobs=jobs)
                     seen["host maps"] = _maps_weights(hosts[0])
                     seen["template maps"] = _maps_weights(templates[0])
-                    seen["jobs map"] = [_maps_weights(p) for p in jobs]
+                    seen["jobs map"] = [m for m in map(_job_maps_weights, jobs) if m is not None]
             time.sleep(0.05)
 
     watcher = threading.Thread(target=watch)
