@@ -28,8 +28,6 @@ MAX_LOG_CHARS = 8_192 + 64
 MAX_META_KEYS = 32
 LOG_LINE_CHARS = 8_192
 
-FINAL = ("COMPLETED", "ERROR")
-
 
 class Violation(str):
     """Why a message was refused (a str, for the job's ERROR description)."""

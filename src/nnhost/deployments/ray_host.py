@@ -101,7 +101,7 @@ class ReplicaHost:
 
     def _job_event(self, event: JobEvent) -> None:
         item: dict[str, Any] = {"kind": "job", "event": event.to_dict()}
-        if event.status in ("COMPLETED", "ERROR"):
+        if event.final:
             spec = self._specs.get(event.job_id)
             if event.status == "COMPLETED" and spec is not None:
                 item["result"] = _read(spec.result_path)

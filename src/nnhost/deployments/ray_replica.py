@@ -321,7 +321,7 @@ class RayReplica:
                                  "Ray node. You can resubmit your request.", meta=event.meta)
             else:
                 Path(spec.result_path).write_bytes(result)
-        if event.status in ("COMPLETED", "ERROR"):
+        if event.final:
             with self._lock:
                 self._current = None
         self._on_job_event(event)

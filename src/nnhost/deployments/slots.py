@@ -154,7 +154,7 @@ class JobProcesses:
                 self._on_job_event(JobEvent(slot.job.job_id, "LOG", line))
             pending.clear()
             return True
-        if checked.status in ("COMPLETED", "ERROR"):
+        if checked.final:
             self._drain_log(slot, pending)
             if checked.status == "ERROR":
                 discard_result(slot.job)

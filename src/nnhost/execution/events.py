@@ -4,13 +4,33 @@ A worker receives a `JobSpec` and answers with `JobEvent`s. Both are plain
 dataclasses of JSON-native fields, so the same shapes can travel over a
 multiprocessing pipe today and a Ray actor call tomorrow.
 
+The rules about what a job may say are here too, once, because both sides
+of the replica boundary apply them: a job's process holds itself to them
+(`cut_description`), and the parent side (`deployments.job_watch`) and the
+controller (`jobs.intake`) check them with the same `event_problem`. A limit
+defined once cannot differ between the layer that obeys it and the layers
+that enforce it, so no layer refuses what another let through.
+
 Nothing here knows about HTTP, websockets or the job database.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, TypeGuard
+
+#: The statuses that end a job (`jobs.job.Status.final` is defined by this set).
+FINAL_STATUSES: frozenset[str] = frozenset({"COMPLETED", "ERROR"})
+
+#: A job id: a file and object name in the stores, so letters, digits, ``-``
+#: and ``_`` only, at most 64 of them (the server issues 32 hex digits).
+JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def is_job_id(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a job id the server could have issued (never raises)."""
+    return isinstance(value, str) and JOB_ID.fullmatch(value) is not None
 
 
 @dataclass
@@ -59,6 +79,11 @@ class JobEvent:
     description: str = ""
     meta: Optional[dict[str, Any]] = None
     result_size: Optional[int] = None
+
+    @property
+    def final(self) -> bool:
+        """Whether this event ends its job (COMPLETED or ERROR)."""
+        return self.status in FINAL_STATUSES
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -164,7 +164,7 @@ def run_one(spec: JobSpec, runner: Runner, channel: Channel) -> None:
         message = {"type": "event", **event.to_dict()}
         if len(message["description"]) > MAX_DESCRIPTION:
             message["description"] = message["description"][:MAX_DESCRIPTION] + " [cut]"
-        if event.status in ("COMPLETED", "ERROR"):
+        if event.final:
             final.append(message)
         else:
             channel.send(message)

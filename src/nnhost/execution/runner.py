@@ -148,7 +148,7 @@ class Runner:
         def hold_final(event: JobEvent) -> None:
             # The final event waits until the model has been checked, so that
             # it can say what the job changed and what was undone.
-            (final.append if event.status in ("COMPLETED", "ERROR") else emit)(event)
+            (final.append if event.final else emit)(event)
 
         fresh_random_state()
         try:

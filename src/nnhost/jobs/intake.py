@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from ..execution.events import is_job_id
 from ..units import format_size
 from .job import InvalidTransition, Job, Status, check_transition
 
@@ -30,13 +30,12 @@ MAX_META_BYTES = 16 * 1024
 WORKER_STATUSES = frozenset({Status.RUNNING, Status.COMPLETED, Status.ERROR, Status.LOG})
 #: Only a job handed to a replica can hear from one.
 LIVE_STATUSES = (Status.DISPATCHED, Status.RUNNING)
-_JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def event_job_id(event: Any) -> Optional[str]:
     """The event's job id if it is one we could have issued, else None (never raises)."""
     job_id = getattr(event, "job_id", None)
-    return job_id if isinstance(job_id, str) and _JOB_ID.match(job_id) else None
+    return job_id if is_job_id(job_id) else None
 
 
 def check_event(event: Any, job: Optional[Job], deployment: str) -> Optional[str]:

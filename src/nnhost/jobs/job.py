@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
 
+from ..execution.events import FINAL_STATUSES
+
 
 class Status(str, Enum):
     RECEIVED = "RECEIVED"
@@ -27,7 +29,8 @@ class Status(str, Enum):
 
     @property
     def final(self) -> bool:
-        return self in (Status.COMPLETED, Status.ERROR)
+        """Whether the job has ended (`execution.events.FINAL_STATUSES`)."""
+        return self.value in FINAL_STATUSES
 
 
 _WAITING = {Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING}

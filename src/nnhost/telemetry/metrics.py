@@ -37,7 +37,6 @@ __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 TIME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 #: Bytes: powers of four from 1 KiB to 4 GiB.
 SIZE_BUCKETS = tuple(float(1024 * 4**n) for n in range(12))
-FINAL = (Status.COMPLETED, Status.ERROR)
 
 
 class JobMetrics:
@@ -71,7 +70,7 @@ class JobMetrics:
             self.wait.labels(model)
             self.run.labels(model)
             self.result.labels(model)
-            for status in FINAL:
+            for status in (status for status in Status if status.final):
                 self.finished.labels(model, status.value)
         self._running_since: dict[str, float] = {}
         self._waited: dict[str, float] = {}
