@@ -300,7 +300,7 @@ async def jobs_page(request: Request) -> Response:
     viewer = viewer_of(request)
     if viewer is None:
         return to_login(request)
-    jobs = server_of(request).jobs.for_user(viewer.principal.user_id, limit=100)
+    jobs = await server_of(request).jobs.for_user(viewer.principal.user_id, limit=100)
     rows = [_row(request, job) for job in jobs]
     # Refresh by itself while something is still waiting or running.
     refresh = any(row.active for row in rows)
@@ -313,9 +313,9 @@ async def job_page(job_id: str, request: Request) -> Response:
     if viewer is None:
         return to_login(request)
     server = server_of(request)
-    job = server.jobs.get(job_id)
+    job = await server.jobs.get(job_id)
     if job is None or job.user_id != viewer.principal.user_id:
         return message(request, viewer, 404, "Not found", f"You have no job {job_id}.")
     row = _row(request, job)
-    logs = server.jobs.logs(job.id)
+    logs = await server.jobs.logs(job.id)
     return render(request, "job.html", viewer=viewer, row=row, logs=logs, refresh=row.active)

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 router = APIRouter()
 
 
-def require_admin(request: Request) -> Principal:
-    principal = require_principal(request)
+async def require_admin(request: Request) -> Principal:
+    principal = await require_principal(request)
     if "admin" not in principal.tags:
         raise HTTPException(403, "This needs an operator's key (a user tagged 'admin').")
     return principal
@@ -59,7 +59,7 @@ async def read_json(request: Request, model: type[Body]) -> Body:
 @router.post("/admin/deploy")
 async def deploy(request: Request) -> dict[str, Any]:
     # The key first, the body after: nobody's body is read before they are known.
-    require_admin(request)
+    await require_admin(request)
     body = await read_json(request, DeployBody)
     return await deploy_model(server_of(request), body.model, body.level)
 
@@ -71,7 +71,7 @@ async def deploy_model(server: Server, name: str, level: str) -> dict[str, Any]:
 
 @router.post("/admin/evict")
 async def evict(request: Request) -> dict[str, Any]:
-    require_admin(request)
+    await require_admin(request)
     body = await read_json(request, EvictBody)
     return await evict_model(server_of(request), body.model)
 
@@ -92,7 +92,7 @@ async def _ask(server: Server, kind: str, **args: str) -> dict[str, Any]:
 async def list_jobs(
     request: Request, user: Optional[str] = None, model: Optional[str] = None, limit: int = 100
 ) -> dict[str, Any]:
-    require_admin(request)
+    await require_admin(request)
     server = server_of(request)
     user_id = None
     if user:
@@ -100,7 +100,7 @@ async def list_jobs(
         if owner is None:
             raise HTTPException(404, f"No user {user!r}.")
         user_id = owner.user_id
-    jobs = server.jobs.search(user_id=user_id, deployment=model, limit=min(limit, 10_000))
+    jobs = await server.jobs.search(user_id=user_id, deployment=model, limit=min(limit, 10_000))
     return {
         "jobs": [
             {
@@ -120,9 +120,9 @@ async def list_jobs(
 
 @router.post("/jobs/{job_id}/cancel")
 async def cancel(job_id: str, request: Request) -> dict[str, Any]:
-    principal = require_principal(request)
+    principal = await require_principal(request)
     server = server_of(request)
-    job = server.jobs.get(job_id)
+    job = await server.jobs.get(job_id)
     if job is None or (job.user_id != principal.user_id and "admin" not in principal.tags):
         raise HTTPException(404, f"No job {job_id} for this API key.")
     if not await server.jobs.cancel(job):

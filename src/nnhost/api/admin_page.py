@@ -87,8 +87,8 @@ async def admin_page(request: Request, did: str = "", target: str = "") -> Respo
     if refusal is not None:
         return refusal
     server = server_of(request)
-    live = sorted(server.jobs.with_status(OPEN), key=lambda job: job.created_at)
-    errors = server.jobs.search(status=Status.ERROR, limit=RECENT_ERRORS)
+    live = sorted(await server.jobs.with_status(OPEN), key=lambda job: job.created_at)
+    errors = await server.jobs.search(status=Status.ERROR, limit=RECENT_ERRORS)
     notice = DONE[did].format(target=target) if did in DONE and target else ""
     return render(
         request, "admin.html", viewer=viewer, active="admin", data=overview(server),
@@ -102,7 +102,7 @@ async def cancel_from_page(job_id: str, request: Request) -> Response:
     if refusal is not None:
         return refusal
     server = server_of(request)
-    job = server.jobs.get(job_id)
+    job = await server.jobs.get(job_id)
     if job is None:
         return message(request, viewer, 404, "Not found", f"There is no job {job_id}.")
     if not await server.jobs.cancel(job):

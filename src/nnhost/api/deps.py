@@ -1,7 +1,9 @@
 """What every route needs: the server's parts, the caller's identity, client checks.
 
 Refusals here are written for the person reading them in their notebook: the
-nnsight client shows a 4xx ``detail`` verbatim.
+nnsight client shows a 4xx ``detail`` verbatim. Checking a key reads the key
+store (a database) and may count in Redis, so `identify`, `require_principal`
+and `admit` are coroutines that make those calls through `run_blocking`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from starlette.types import Message
 from ..auth.access import Access, Throttled
 from ..auth.keys import KeyProblem, Principal
 from ..auth.limits import Limits, retry_after
+from ..storage.blocking import run_blocking
 
 if TYPE_CHECKING:
     from ..app import Server
@@ -109,17 +112,19 @@ def too_many(error: Throttled) -> HTTPException:
     return HTTPException(429, error.message, headers=headers)
 
 
-def identify(server: "Server", key: Optional[str]) -> Optional[Principal]:
+async def identify(server: "Server", key: Optional[str]) -> Optional[Principal]:
     """The key's owner, or None (never raises): for routes that work anonymously."""
-    return access_of(server).identify(key)
+    return await run_blocking(access_of(server).identify, key)
 
 
-def require_principal(request: Request) -> Principal:
+async def require_principal(request: Request) -> Principal:
     """The caller, or a 401/403 saying how to fix the key (429: the address keeps guessing)."""
     server = server_of(request)
     try:
-        check = access_of(server).authenticate(
-            request.headers.get(API_KEY_HEADER), client_address(request)
+        check = await run_blocking(
+            access_of(server).authenticate,
+            request.headers.get(API_KEY_HEADER),
+            client_address(request),
         )
     except Throttled as error:
         raise too_many(error) from None
@@ -141,10 +146,13 @@ def require_principal(request: Request) -> Principal:
     )
 
 
-def admit(request: Request, principal: Principal) -> Limits:
-    """Let one more request in for ``principal`` under their tags' limits, or a 429."""
+async def admit(request: Request, principal: Principal) -> Limits:
+    """Let one more request in for ``principal`` under their tags' limits, or a 429.
+
+    Counts the caller's unfinished jobs in the job store, and their rate in Redis when shared.
+    """
     try:
-        return access_of(server_of(request)).admit(principal)
+        return await run_blocking(access_of(server_of(request)).admit, principal)
     except Throttled as error:
         raise too_many(error) from None
 

@@ -20,6 +20,7 @@ from fastapi.responses import PlainTextResponse, Response
 from ..telemetry.metrics import CONTENT_TYPE_LATEST
 
 from ..auth.access import Throttled
+from ..storage.blocking import run_blocking
 from .deps import API_KEY_HEADER, access_of, client_address, metrics_of, server_of, too_many
 
 router = APIRouter()
@@ -75,8 +76,10 @@ async def env() -> dict[str, Any]:
 async def whoami(request: Request) -> dict[str, Any]:
     # Counted like any other key check, so /whoami is no faster an oracle than /request.
     try:
-        check = access_of(server_of(request)).authenticate(
-            request.headers.get(API_KEY_HEADER), client_address(request)
+        check = await run_blocking(
+            access_of(server_of(request)).authenticate,
+            request.headers.get(API_KEY_HEADER),
+            client_address(request),
         )
     except Throttled as error:
         raise too_many(error) from None
@@ -106,7 +109,9 @@ async def metrics(request: Request) -> Response:
         # Its histograms move by one job at a time: another user's result size,
         # hence input length, could be read off them. Operators only.
         try:
-            check = access_of(server).authenticate(metrics_key(request), client_address(request))
+            check = await run_blocking(
+                access_of(server).authenticate, metrics_key(request), client_address(request)
+            )
         except Throttled as error:
             raise too_many(error) from None
         if check.principal is None:

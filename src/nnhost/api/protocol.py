@@ -91,8 +91,8 @@ def _parse_envelope(raw: Union[UploadFile, str, None]) -> Submission:
 async def submit_request(request: Request) -> JSONResponse:
     server = server_of(request)
     check_client_version(request)
-    principal = require_principal(request)
-    limits = admit(request, principal)
+    principal = await require_principal(request)
+    limits = await admit(request, principal)
     form = await _read_form(request, limits.request_bytes)
     submission = _parse_envelope(form.get("data"))
     upload = form.get("blob")
@@ -116,8 +116,8 @@ async def submit_request(request: Request) -> JSONResponse:
 @router.get("/response/{job_id}")
 async def job_response(job_id: str, request: Request) -> JSONResponse:
     server = server_of(request)
-    principal = require_principal(request)
-    job = server.jobs.get(job_id)
+    principal = await require_principal(request)
+    job = await server.jobs.get(job_id)
     if job is None or job.user_id != principal.user_id:
         raise HTTPException(404, f"No job {job_id} for this API key.")
     response = replies.job_response(server, job, _base_url(request))
@@ -173,7 +173,7 @@ def _frame(server: Server, published: Frame) -> Optional[Union[str, bytes]]:
 @router.websocket("/subscribe")
 async def subscribe(websocket: WebSocket) -> None:
     server = server_of_socket(websocket)
-    principal = identify(server, websocket.headers.get(API_KEY_HEADER))
+    principal = await identify(server, websocket.headers.get(API_KEY_HEADER))
     await websocket.accept()
     session = await server.bus.open(principal.user_id if principal else None)
     receiver = getter = None

@@ -8,17 +8,22 @@ tells the controller through a `ControllerLink`, which is the controller's
 own `JobService` in this process (``role = "all"``), or the database
 (`relay.DatabaseLink`) when the controller is another process, perhaps on
 another machine. It knows nothing of HTTP.
+
+Its methods are coroutines and run on the event loop; the job store and the
+payload store block (a database, a disk), so every call to them goes through
+`storage.blocking.run_blocking`: a slow database holds one worker thread, not
+every request and websocket of the process.
 """
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Protocol
 
 from ..auth.keys import Principal
 from ..deployments.catalog import Catalog, ModelKey
+from ..storage.blocking import run_blocking
 from ..storage.payloads import JobPayloads
 from .bus import EventBus
 from .job import Job, Status
@@ -122,8 +127,8 @@ class JobFront:
         )
         # The payload is stored before the job exists, so a recorded job always
         # has what it needs to run, whichever controller picks it up.
-        await asyncio.to_thread(self.payloads.write, job.id, blob)
-        self.store.create(job)
+        await run_blocking(self.payloads.write, job.id, blob)
+        await run_blocking(self.store.create, job)
         self.observers.noted(job)
         self.link.accepted(job)
         return job  # as accepted: the answer to the request is RECEIVED (PROTOCOL.md)
@@ -152,20 +157,20 @@ class JobFront:
 
     # -- reading ---------------------------------------------------------------
 
-    def get(self, job_id: str) -> Optional[Job]:
-        return self.store.get(job_id)
+    async def get(self, job_id: str) -> Optional[Job]:
+        return await run_blocking(self.store.get, job_id)
 
-    def logs(self, job_id: str) -> list[str]:
-        return self.store.logs(job_id)
+    async def logs(self, job_id: str) -> list[str]:
+        return await run_blocking(self.store.logs, job_id)
 
-    def for_user(self, user_id: int, limit: int = 50) -> list[Job]:
-        return self.store.for_user(user_id, limit)
+    async def for_user(self, user_id: int, limit: int = 50) -> list[Job]:
+        return await run_blocking(self.store.for_user, user_id, limit)
 
-    def search(self, **filters: Any) -> list[Job]:
-        return self.store.search(**filters)
+    async def search(self, **filters: Any) -> list[Job]:
+        return await run_blocking(self.store.search, **filters)
 
-    def with_status(self, statuses: Iterable[Status]) -> list[Job]:
-        return self.store.with_status(statuses)
+    async def with_status(self, statuses: Iterable[Status]) -> list[Job]:
+        return await run_blocking(self.store.with_status, list(statuses))
 
     def board(self) -> dict[str, Any]:
         return self.link.board()

@@ -7,9 +7,11 @@ always a possible one; a transition reads and writes its row in one
 transaction, locking the row where the database can (PostgreSQL), so two
 processes cannot both move one job.
 
-Writes are small and commit in well under a millisecond, so the API's event
-loop calls the store directly. It knows nothing about HTTP, nor which
-database it is talking to.
+Every method blocks on the database. The API calls the store through
+`storage.blocking.run_blocking` (`jobs.front.JobFront`), so a slow database
+holds a worker thread rather than the event loop; the controller's own loop
+(`jobs.service`) still calls it directly. It knows nothing about HTTP, nor
+which database it is talking to.
 """
 
 from __future__ import annotations
