@@ -5,8 +5,9 @@ Python layer: every message it sends is checked here before anything else in
 the server sees it. A message is accepted only if it is an event for *the*
 job handed to that process, in the one allowed order (RUNNING, then LOG
 lines, then COMPLETED or ERROR; an ERROR may also come first, when the request
-cannot be read), with fields of the right types and sizes, and no more LOG
-lines than the job's own capture lets through. COMPLETED must name
+cannot be read), with fields of the right types and sizes (`event_problem`,
+the intake's check too), and no more LOG lines than the job's own capture
+lets through. COMPLETED must name
 the size the result file really has. Anything else is a violation: the replica
 kills the process and fails the job with a clear ERROR. Nothing here raises on
 bad input.
@@ -21,12 +22,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Union
 
-from ..execution.events import JobEvent, JobSpec
-
-MAX_DESCRIPTION = 128 * 1024
-MAX_LOG_CHARS = 8_192 + 64
-MAX_META_KEYS = 32
-LOG_LINE_CHARS = 8_192
+from ..execution.events import LOG_LINE_CHARS, JobEvent, JobSpec, event_problem
 
 
 class Violation(str):
@@ -47,20 +43,15 @@ class JobWatch:
             return Violation("it sent a message after its job had finished")
         if message.get("type") != "event":
             return Violation(f"it sent an unexpected message ({_short(message.get('type'))})")
-        if set(message) - {"type", "job_id", "status", "description", "meta", "result_size"}:
-            return Violation("it sent an event with unknown fields")
-        if message.get("job_id") != self.spec.job_id:
+        fields = {key: value for key, value in message.items() if key != "type"}
+        problem = event_problem(fields)
+        if problem is not None:
+            return Violation(f"it sent an event {problem}")
+        if fields["job_id"] != self.spec.job_id:
             return Violation("it sent an event for another job")
-        status = message.get("status")
-        description = message.get("description", "")
-        if not isinstance(description, str):
-            return Violation("it sent an event whose description is not text")
-        limit = MAX_LOG_CHARS if status == "LOG" else MAX_DESCRIPTION
-        if len(description) > limit:
-            return Violation(f"it sent a {status} event over {limit} characters")
-        meta = message.get("meta")
-        if meta is not None and not _plain_meta(meta):
-            return Violation("it sent an event with malformed meta")
+        status = fields["status"]
+        description = fields.get("description", "")
+        meta = fields.get("meta")
         if status == "RUNNING":
             if self.running:
                 return Violation("it reported RUNNING twice")
@@ -79,35 +70,21 @@ class JobWatch:
         if status == "ERROR":
             self.finished = True
             return JobEvent(self.spec.job_id, "ERROR", description, meta=meta)
-        if status == "COMPLETED":
-            if not self.running:
-                return Violation("it reported COMPLETED without RUNNING")
-            size = message.get("result_size")
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                return Violation("it reported COMPLETED without a result size")
-            if self.spec.max_result_bytes and size > self.spec.max_result_bytes:
-                return Violation("it reported a result over this server's limit")
-            actual = _size(self.spec.result_path)
-            if actual is not None and actual != size:
-                return Violation(
-                    f"it reported a result of {size} bytes but wrote {actual}"
-                )
-            self.finished = True
-            return JobEvent(self.spec.job_id, "COMPLETED", description, meta=meta, result_size=size)
-        return Violation(f"it sent an event with an unknown status ({_short(status)})")
-
-
-def _plain_meta(meta: object) -> bool:
-    if not isinstance(meta, dict) or len(meta) > MAX_META_KEYS:
-        return False
-    for key, value in meta.items():
-        if not isinstance(key, str) or len(key) > 64:
-            return False
-        if not isinstance(value, (int, float, str, bool, type(None))):
-            return False
-        if isinstance(value, str) and len(value) > 256:
-            return False
-    return True
+        # COMPLETED, the one status left (`event_problem` refused any other).
+        if not self.running:
+            return Violation("it reported COMPLETED without RUNNING")
+        size = fields.get("result_size")
+        if size is None:  # `event_problem` refused any other non-size
+            return Violation("it reported COMPLETED without a result size")
+        if self.spec.max_result_bytes and size > self.spec.max_result_bytes:
+            return Violation("it reported a result over this server's limit")
+        actual = _size(self.spec.result_path)
+        if actual is not None and actual != size:
+            return Violation(
+                f"it reported a result of {size} bytes but wrote {actual}"
+            )
+        self.finished = True
+        return JobEvent(self.spec.job_id, "COMPLETED", description, meta=meta, result_size=size)
 
 
 def _size(path: str) -> Optional[int]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..execution.channel import BadMessage, Channel, close_all
-from ..execution.events import JobEvent, JobSpec
+from ..execution.events import JobEvent, JobSpec, cut_description
 from ..execution.handoff import discard_result
 from ..execution.job_process import describe_exit
 from ..execution.worker import crash_hint
@@ -291,13 +291,13 @@ class JobProcesses:
         ):
             return event
         note = f"\n{self._out_of_memory()} while it ran. Use fewer or shorter inputs, or save less."
-        return replace(event, description=event.description + note)
+        return replace(event, description=cut_description(event.description, note))
 
     def _fail(self, slot: Slot, description: str) -> None:
         assert slot.job is not None  # only a slot that was given a job fails one
         discard_result(slot.job)
         self._on_job_event(JobEvent(
-            slot.job.job_id, "ERROR", description,
+            slot.job.job_id, "ERROR", cut_description(description),
             meta={"runtime": round(time.monotonic() - slot.started, 6)},
         ))
 

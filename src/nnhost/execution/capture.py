@@ -15,8 +15,7 @@ import io
 import sys
 from typing import Callable, Iterator
 
-#: Longest single LOG message; longer lines are cut with a note.
-MAX_LINE_CHARS = 8_192
+from .events import LOG_LINE_CHARS
 
 
 class LineEmitter(io.TextIOBase):
@@ -39,7 +38,7 @@ class LineEmitter(io.TextIOBase):
         *complete, self._partial = pending.split("\n")
         for line in complete:
             self._emit(line)
-        if len(self._partial) > MAX_LINE_CHARS:
+        if len(self._partial) > LOG_LINE_CHARS:
             self._emit(self._partial)
             self._partial = ""
         return len(text)
@@ -60,8 +59,8 @@ class LineEmitter(io.TextIOBase):
             self.suppressed += 1
             return
         self.lines += 1
-        if len(line) > MAX_LINE_CHARS:
-            line = line[:MAX_LINE_CHARS] + f" ... [{len(line) - MAX_LINE_CHARS} characters cut]"
+        if len(line) > LOG_LINE_CHARS:
+            line = line[:LOG_LINE_CHARS] + f" ... [{len(line) - LOG_LINE_CHARS} characters cut]"
         self._on_line(line)
         if self.lines == self._max_lines:
             self._on_line(

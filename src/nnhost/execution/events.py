@@ -16,12 +16,39 @@ Nothing here knows about HTTP, websockets or the job database.
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, TypeGuard
 
 #: The statuses that end a job (`jobs.job.Status.final` is defined by this set).
 FINAL_STATUSES: frozenset[str] = frozenset({"COMPLETED", "ERROR"})
+#: What a job may report: its own progress, never a place in the queue.
+WORKER_STATUSES: frozenset[str] = frozenset({"RUNNING", "LOG"}) | FINAL_STATUSES
+
+#: Longest description of an event that is not a LOG line (a status message,
+#: an ERROR's traceback), in characters. One value for every layer, so that no
+#: layer refuses what another lets through: the job's process cuts what it
+#: sends to it, marker and notices included (`cut_description`); the parent
+#: side adds its own notes within it (`cut_description` again); the watcher
+#: and the intake refuse anything longer (`event_problem`), which only a
+#: process that broke its rules can send. 64 KiB holds more of a traceback (a
+#: deep recursion's, say) than anyone reads, and keeps a row small.
+MAX_DESCRIPTION_CHARS = 64 * 1024
+#: Where a cut description says so.
+CUT_MARK = " [cut]"
+#: A LOG line is cut here, by the job's capture (`capture`) and by the
+#: parent's reader of its output pipe (`deployments.job_watch.LogLines`)...
+LOG_LINE_CHARS = 8_192
+#: ...which add a short note of the cut (at most this long in all).
+MAX_LOG_CHARS = LOG_LINE_CHARS + 64
+#: An event's meta is a flat table of a few short scalars (runtime, sizes).
+MAX_META_KEYS = 32
+MAX_META_KEY_CHARS = 64
+MAX_META_TEXT_CHARS = 256
+#: The fields of an event (a `JobEvent`, or a job's message without its ``type``).
+EVENT_FIELDS = frozenset({"job_id", "status", "description", "meta", "result_size"})
 
 #: A job id: a file and object name in the stores, so letters, digits, ``-``
 #: and ``_`` only, at most 64 of them (the server issues 32 hex digits).
@@ -91,3 +118,74 @@ class JobEvent:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "JobEvent":
         return cls(**data)
+
+
+def cut_description(text: str, tail: str = "") -> str:
+    """``text`` then ``tail``, ``text`` cut (and marked) so that both fit `MAX_DESCRIPTION_CHARS`."""
+    room = MAX_DESCRIPTION_CHARS - len(tail)
+    if len(text) > room:
+        text = text[: max(0, room - len(CUT_MARK))] + CUT_MARK
+    return (text + tail)[:MAX_DESCRIPTION_CHARS]
+
+
+def event_problem(fields: Mapping[str, Any]) -> Optional[str]:
+    """What is wrong with an event's fields, or None; never raises.
+
+    ``fields`` are a `JobEvent`'s (``vars(event)``) or a message of a job's
+    process less its ``type``: the same check on both sides of the replica
+    boundary. The answer completes "it sent an event ...". What an event may
+    say given its job's state (the order of events, the lifecycle, the result
+    file) is each side's own business.
+    """
+    if not EVENT_FIELDS.issuperset(fields):
+        return "with unknown fields"
+    job_id = fields.get("job_id")
+    if not is_job_id(job_id):
+        return f"with no valid job id ({_short(job_id)})"
+    status = fields.get("status")
+    if not isinstance(status, str) or status not in WORKER_STATUSES:
+        return f"with an unknown status ({_short(status)})"
+    description = fields.get("description", "")
+    if not isinstance(description, str):
+        return f"whose description is a {type(description).__name__}, not text"
+    limit = MAX_LOG_CHARS if status == "LOG" else MAX_DESCRIPTION_CHARS
+    if len(description) > limit:
+        return f"({status}) whose description of {len(description)} characters is over {limit}"
+    meta = fields.get("meta")
+    if meta is not None and not _plain_meta(meta):
+        return "with malformed meta"
+    if meta is not None and "runtime" in meta and runtime_of(meta) is None:
+        return f"whose runtime {_short(meta['runtime'])} is not a duration"
+    size = fields.get("result_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        return f"whose result_size {_short(size)} is not a size"
+    return None
+
+
+def runtime_of(meta: Optional[Mapping[str, Any]]) -> Optional[float]:
+    """The runtime a final event reports, if it is a plausible number of seconds."""
+    value = (meta or {}).get("runtime")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+def _plain_meta(meta: object) -> bool:
+    """A table of at most `MAX_META_KEYS` short names to scalars JSON can hold."""
+    if not isinstance(meta, dict) or len(meta) > MAX_META_KEYS:
+        return False
+    for key, value in meta.items():
+        if not isinstance(key, str) or len(key) > MAX_META_KEY_CHARS:
+            return False
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if not isinstance(value, (int, float, str, bool, type(None))):
+            return False
+        if isinstance(value, str) and len(value) > MAX_META_TEXT_CHARS:
+            return False
+    return True
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

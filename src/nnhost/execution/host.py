@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from .channel import Channel, pair
+from .events import cut_description
 from .worker import EXIT_MODEL_CHANGED, WorkerOptions, load_model, place, secure, weight_bytes
 
 if TYPE_CHECKING:
@@ -462,12 +463,9 @@ def serve_in_process(control: Channel, model: Any, runner: Runner, guard: Option
 
 
 def run_one_guarded(spec: JobSpec, runner: Runner, jobs: Channel) -> bool:
-    from .job_process import MAX_DESCRIPTION
-
     def emit(event: JobEvent) -> None:
         message = {"type": "event", **event.to_dict()}
-        if len(message["description"]) > MAX_DESCRIPTION:
-            message["description"] = message["description"][:MAX_DESCRIPTION] + " [cut]"
+        message["description"] = cut_description(message["description"])
         jobs.send(message)
 
     return runner.run(spec, emit)

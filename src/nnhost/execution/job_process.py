@@ -38,7 +38,7 @@ import traceback
 from typing import TYPE_CHECKING, Any, Optional
 
 from .channel import Channel
-from .events import JobEvent, JobSpec
+from .events import JobEvent, JobSpec, cut_description
 from .handoff import receive_job
 
 if TYPE_CHECKING:
@@ -46,8 +46,6 @@ if TYPE_CHECKING:
     from .runner import Runner
     from .worker import WorkerOptions
 
-#: A final event's description is cut here (a traceback of a deep recursion, say).
-MAX_DESCRIPTION = 64 * 1024
 #: Marks a payload that carries raw Python first (tests only; see `TEST_HOOK`).
 TEST_MAGIC = b"NNHOST-TEST-RAW-PYTHON\n"
 TEST_SEPARATOR = b"\n#NNHOST-END-OF-RAW-PYTHON\n"
@@ -162,11 +160,10 @@ def run_one(spec: JobSpec, runner: Runner, channel: Channel) -> None:
 
     def emit(event: JobEvent) -> None:
         message = {"type": "event", **event.to_dict()}
-        if len(message["description"]) > MAX_DESCRIPTION:
-            message["description"] = message["description"][:MAX_DESCRIPTION] + " [cut]"
         if event.final:
-            final.append(message)
+            final.append(message)  # cut once its notice is added
         else:
+            message["description"] = cut_description(message["description"])
             channel.send(message)
 
     runner.run(spec, emit)
@@ -181,7 +178,8 @@ def run_one(spec: JobSpec, runner: Runner, channel: Channel) -> None:
         )
     _flush_output()
     for message in final[:1]:
-        message["description"] += notice
+        # A traceback of a deep recursion, say, is cut to what every layer accepts.
+        message["description"] = cut_description(message["description"], notice)
         if isinstance(message.get("meta"), dict):
             # What the per-job check of shared state cost (benchmarks read it).
             message["meta"]["integrity_seconds"] = round(check_seconds, 6)

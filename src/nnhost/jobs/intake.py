@@ -5,29 +5,24 @@ untrusted input, like a request body: a forged event may name another user's
 job, a job that is not running, a transition the lifecycle forbids, or carry
 a huge or ill-typed description or meta. `check_event` says what is wrong
 with an event (a sentence for the server's log) so the job service can drop
-it; `LogBudget` caps what one job's LOG lines may add to the database and to
-its client, in lines and in bytes, whatever the worker's own cap did.
+it: its fields by the rules the replica's parent side applies too
+(`execution.events.event_problem`, where every limit on them is defined),
+the job's state and lifecycle by its own. `LogBudget` caps what one job's
+LOG lines may add to the database and to its client, in lines and in bytes,
+whatever the worker's own cap did.
 
 Nothing here raises on bad input, writes anything, or knows about HTTP.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..execution.events import is_job_id
+from ..execution.events import JobEvent, event_problem, is_job_id
 from ..units import format_size
 from .job import InvalidTransition, Job, Status, check_transition
 
-#: Longest description (a LOG line, a status message, an ERROR's traceback) accepted.
-MAX_DESCRIPTION_CHARS = 256 * 1024
-#: Largest meta accepted, as JSON.
-MAX_META_BYTES = 16 * 1024
-#: What a worker may report: its own progress, never a place in the queue.
-WORKER_STATUSES = frozenset({Status.RUNNING, Status.COMPLETED, Status.ERROR, Status.LOG})
 #: Only a job handed to a replica can hear from one.
 LIVE_STATUSES = (Status.DISPATCHED, Status.RUNNING)
 
@@ -40,16 +35,14 @@ def event_job_id(event: Any) -> Optional[str]:
 
 def check_event(event: Any, job: Optional[Job], deployment: str) -> Optional[str]:
     """Why ``event`` (from a replica of ``deployment``) must be dropped, or None if it may stand."""
+    if not isinstance(event, JobEvent):
+        return f"not an event but a {type(event).__name__}"
+    # Its fields, by the rules the replica's parent side applied (`event_problem`).
+    problem = event_problem(vars(event))
     job_id = event_job_id(event)
-    if job_id is None:
-        return f"no valid job id ({_short(getattr(event, 'job_id', None))})"
-    raw = getattr(event, "status", None)
-    try:
-        status = Status(raw)
-    except ValueError:
-        return f"job {job_id}: unknown status {_short(raw)}"
-    if status not in WORKER_STATUSES:
-        return f"job {job_id}: a worker may not report {status.value}"
+    if problem is not None or job_id is None:  # (no valid id is a problem)
+        return f"job {job_id}: an event {problem}" if job_id else f"an event {problem}"
+    status = Status(event.status)
     if job is None:
         return f"job {job_id} is not known"
     if job.deployment != deployment:
@@ -61,37 +54,7 @@ def check_event(event: Any, job: Optional[Job], deployment: str) -> Optional[str
             check_transition(job.status, status)
         except InvalidTransition as error:
             return f"job {job_id}: {error}"
-    description = getattr(event, "description", "")
-    if not isinstance(description, str):
-        return f"job {job_id}: description is a {type(description).__name__}, not text"
-    if len(description) > MAX_DESCRIPTION_CHARS:
-        return f"job {job_id}: description of {len(description)} characters is too long"
-    meta = getattr(event, "meta", None)
-    if meta is not None:
-        if not isinstance(meta, dict):
-            return f"job {job_id}: meta is a {type(meta).__name__}, not a table"
-        try:
-            size = len(json.dumps(meta, allow_nan=False))
-        except (TypeError, ValueError, RecursionError):
-            return f"job {job_id}: meta is not plain JSON"
-        if size > MAX_META_BYTES:
-            return f"job {job_id}: meta of {format_size(size)} is too large"
-        if "runtime" in meta and runtime_of(meta) is None:
-            return f"job {job_id}: meta runtime {_short(meta['runtime'])} is not a duration"
-    result_size = getattr(event, "result_size", None)
-    if result_size is not None and (
-        isinstance(result_size, bool) or not isinstance(result_size, int) or result_size < 0
-    ):
-        return f"job {job_id}: result_size {_short(result_size)} is not a size"
     return None
-
-
-def runtime_of(meta: Optional[dict[str, Any]]) -> Optional[float]:
-    """The runtime a final event reports, if it is a plausible number of seconds."""
-    value = (meta or {}).get("runtime")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) and value >= 0 else None
 
 
 def clean_text(text: str) -> str:
@@ -108,11 +71,6 @@ def one_line(text: str, limit: int = 200) -> str:
     first = text.strip().splitlines()[0] if text.strip() else ""
     first = first if len(first) <= limit else first[: limit - 3] + "..."
     return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in first)
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass
