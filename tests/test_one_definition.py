@@ -9,6 +9,7 @@ what one layer lets through the next accepts.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any, Optional
 
@@ -17,6 +18,7 @@ import pytest
 from nnhost.deployments import job_watch
 from nnhost.deployments.job_watch import JobWatch, Violation
 from nnhost.execution import capture, events, job_process
+from nnhost.execution.channel import MAX_MESSAGE, Channel, pair
 from nnhost.execution.events import (
     CUT_MARK,
     FINAL_STATUSES,
@@ -168,3 +170,25 @@ def test_the_watcher_and_the_intake_refuse_the_same_fields(what, change):
     refused = watched(fields)
     assert isinstance(refused, Violation) and problem in refused, (what, refused)
     assert problem in (taken(fields) or ""), what
+
+
+def test_the_longest_description_fits_the_channel_in_any_script():
+    """The channel is a layer too: the cut description of any text travels in one packet."""
+    left, right = pair()
+    sender, receiver = Channel(left), Channel(right)
+    notice = " Your request changed state shared by its process (torch grad mode)." * 3
+    meta = {f"key{n}": 1.0e300 for n in range(MAX_META_KEYS)}
+    try:
+        for text in ("x", "é", "\u4e2d", "\U0001f600", "\ud800", "\x00"):
+            description = cut_description(text * (2 * MAX_DESCRIPTION_CHARS), notice)
+            event = JobEvent("j" * 64, "ERROR", description, meta=meta, result_size=2**62)
+            sender.send({"type": "event", **event.to_dict()})
+            message, fds = receiver.recv()
+            assert message is not None and not fds
+            assert message["description"] == description and event_problem(
+                {key: value for key, value in message.items() if key != "type"}
+            ) is None
+            assert len(json.dumps(message, separators=(",", ":")).encode()) <= MAX_MESSAGE
+    finally:
+        left.close()
+        right.close()

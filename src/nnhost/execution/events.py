@@ -33,9 +33,13 @@ WORKER_STATUSES: frozenset[str] = frozenset({"RUNNING", "LOG"}) | FINAL_STATUSES
 #: sends to it, marker and notices included (`cut_description`); the parent
 #: side adds its own notes within it (`cut_description` again); the watcher
 #: and the intake refuse anything longer (`event_problem`), which only a
-#: process that broke its rules can send. 64 KiB holds more of a traceback (a
-#: deep recursion's, say) than anyone reads, and keeps a row small.
-MAX_DESCRIPTION_CHARS = 64 * 1024
+#: process that broke its rules can send. 16 Ki characters because the
+#: channel is a layer too: JSON writes a character in at most 12 bytes (one
+#: outside the BMP as two ``\u`` escapes), so the longest description fits
+#: one packet (`channel.MAX_MESSAGE`, 256 KiB) with the rest of its event; at
+#: 64 Ki, 64 Ki of "é" made a packet the channel refused. It still holds a
+#: traceback of a few hundred frames.
+MAX_DESCRIPTION_CHARS = 16 * 1024
 #: Where a cut description says so.
 CUT_MARK = " [cut]"
 #: A LOG line is cut here, by the job's capture (`capture`) and by the
