@@ -23,6 +23,7 @@ from ..auth.access import Throttled
 from ..auth.accounts import AccountError
 from ..auth.limits import describe, retry_after
 from ..jobs.job import Job, Status
+from ..storage.blocking import run_blocking
 from ..web import STATIC
 from . import replies
 from .deps import access_of, accounts_of, client_address, server_of
@@ -90,7 +91,7 @@ async def password_work(request: Request, function: Callable[..., T], *args: Any
 
 @router.get("/login")
 async def login_page(request: Request, next: str = "/keys") -> Response:
-    viewer = viewer_of(request)
+    viewer = await viewer_of(request)
     if viewer is not None:
         return redirect(safe_next(next))
     return render(request, "login.html", viewer=None, email="", error=None, next=safe_next(next))
@@ -98,7 +99,7 @@ async def login_page(request: Request, next: str = "/keys") -> Response:
 
 @router.post("/login")
 async def login(request: Request) -> Response:
-    viewer = viewer_of(request)
+    viewer = await viewer_of(request)
     if viewer is not None and access_of(server_of(request)).open:
         return redirect("/keys")
     form, refusal = await read_form(request, None)
@@ -127,7 +128,7 @@ async def login(request: Request) -> Response:
 
 @router.get("/signup")
 async def signup_page(request: Request, invite: str = "") -> Response:
-    viewer = viewer_of(request)
+    viewer = await viewer_of(request)
     if viewer is not None:
         return redirect("/keys")
     status = 403 if server_of(request).settings.signup == "closed" else 200
@@ -169,13 +170,13 @@ async def signup(request: Request) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
-    viewer = viewer_of(request)
+    viewer = await viewer_of(request)
     if viewer is None or viewer.session_token is None:
         return redirect("/login")
     form, refusal = await read_form(request, viewer)
     if refusal:
         return refusal
-    accounts_of(server_of(request)).logout(viewer.session_token)
+    await run_blocking(accounts_of(server_of(request)).logout, viewer.session_token)
     response = redirect("/login")
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response
@@ -184,7 +185,7 @@ async def logout(request: Request) -> Response:
 # -- keys ---------------------------------------------------------------------------
 
 
-def _keys_page(
+async def _keys_page(
     request: Request,
     viewer: Viewer,
     *,
@@ -200,7 +201,7 @@ def _keys_page(
         "keys.html",
         viewer=viewer,
         status=status,
-        keys=server.keys.keys(viewer.principal.user_id),
+        keys=await run_blocking(server.keys.keys, viewer.principal.user_id),
         now=time.time(),
         new_key=new_key,
         notice=notice,
@@ -214,23 +215,23 @@ def _keys_page(
 
 @router.get("/keys")
 async def keys_page(request: Request, welcome: int = 0, revoked: int = 0) -> Response:
-    viewer = viewer_of(request)
+    viewer = await viewer_of(request)
     if viewer is None:
         return to_login(request)
     notice = None
     if welcome:
         notice = "Welcome! Make an API key below to use this server from nnsight."
     if revoked:
-        mine = server_of(request).keys.keys(viewer.principal.user_id)
+        mine = await run_blocking(server_of(request).keys.keys, viewer.principal.user_id)
         gone = [k for k in mine if k.id == revoked]
         if gone:
             notice = f"Key {gone[0].prefix}… is revoked; requests sent with it are refused."
-    return _keys_page(request, viewer, notice=notice)
+    return await _keys_page(request, viewer, notice=notice)
 
 
 @router.post("/keys")
 async def create_key(request: Request) -> Response:
-    viewer = viewer_of(request)
+    viewer = await viewer_of(request)
     if viewer is None:
         return to_login(request)
     form, refusal = await read_form(request, viewer)
@@ -240,30 +241,31 @@ async def create_key(request: Request) -> Response:
     name = form_field(form, "name").strip()[:100] or "web"
     expiry = form_field(form, "expires") or "never"
     if expiry not in KEY_EXPIRY:
-        return _keys_page(request, viewer, status=400, error="Choose an expiry from the list.")
+        return await _keys_page(request, viewer, status=400, error="Choose an expiry from the list.")
     seconds = KEY_EXPIRY[expiry]
-    key = server_of(request).keys.create_key(
+    key = await run_blocking(
+        server_of(request).keys.create_key,
         viewer.principal.user_id,
         name=name,
         expires_at=time.time() + seconds if seconds else None,
     )
     # Shown in this response only: it is not stored anywhere in clear, so a reload won't show it.
-    return _keys_page(request, viewer, status=201, new_key=key)
+    return await _keys_page(request, viewer, status=201, new_key=key)
 
 
 @router.post("/keys/{key_id}/revoke")
 async def revoke_key(key_id: int, request: Request) -> Response:
-    viewer = viewer_of(request)
+    viewer = await viewer_of(request)
     if viewer is None:
         return to_login(request)
     form, refusal = await read_form(request, viewer)
     if refusal:
         return refusal
     server = server_of(request)
-    mine = [k for k in server.keys.keys(viewer.principal.user_id) if k.id == key_id]
+    mine = [k for k in await run_blocking(server.keys.keys, viewer.principal.user_id) if k.id == key_id]
     if not mine:
         return message(request, viewer, 404, "Not found", "You have no such key.")
-    server.keys.revoke_key(key_id, user_id=viewer.principal.user_id)
+    await run_blocking(server.keys.revoke_key, key_id, user_id=viewer.principal.user_id)
     return redirect(f"/keys?revoked={key_id}")
 
 
@@ -297,7 +299,7 @@ def _row(request: Request, job: Job) -> JobRow:
 
 @router.get("/jobs")
 async def jobs_page(request: Request) -> Response:
-    viewer = viewer_of(request)
+    viewer = await viewer_of(request)
     if viewer is None:
         return to_login(request)
     jobs = await server_of(request).jobs.for_user(viewer.principal.user_id, limit=100)
@@ -309,7 +311,7 @@ async def jobs_page(request: Request) -> Response:
 
 @router.get("/jobs/{job_id}")
 async def job_page(job_id: str, request: Request) -> Response:
-    viewer = viewer_of(request)
+    viewer = await viewer_of(request)
     if viewer is None:
         return to_login(request)
     server = server_of(request)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..auth.keys import Principal
 from ..jobs.front import Refused
+from ..storage.blocking import run_blocking
 from .deps import BodyTooLarge, bounded, require_principal, server_of, validation_problems
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ async def list_jobs(
     server = server_of(request)
     user_id = None
     if user:
-        owner = server.keys.user_by_email(user)
+        owner = await run_blocking(server.keys.user_by_email, user)
         if owner is None:
             raise HTTPException(404, f"No user {user!r}.")
         user_id = owner.user_id

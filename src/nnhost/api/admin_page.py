@@ -20,6 +20,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 
 from ..jobs.job import Job, Status
+from ..storage.blocking import run_blocking
 from .admin import deploy_model, evict_model
 from .deps import server_of
 from .pages import Viewer, message, read_form, redirect, render, to_login, viewer_of
@@ -50,9 +51,9 @@ class JobLine:
     age: float
 
 
-def _operator(request: Request) -> tuple[Optional[Viewer], Optional[Response]]:
+async def _operator(request: Request) -> tuple[Optional[Viewer], Optional[Response]]:
     """(viewer, None) for an admin; (None, response) for anyone else."""
-    viewer = viewer_of(request)
+    viewer = await viewer_of(request)
     if viewer is None:
         return None, to_login(request)
     if "admin" not in viewer.principal.tags:
@@ -63,13 +64,14 @@ def _operator(request: Request) -> tuple[Optional[Viewer], Optional[Response]]:
 
 async def _operator_form(request: Request) -> tuple[Optional[Viewer], Optional[Response]]:
     """(viewer, None) for an admin's button with a good CSRF token; (None, response) else."""
-    viewer, refusal = _operator(request)
+    viewer, refusal = await _operator(request)
     if refusal is None:
         _, refusal = await read_form(request, viewer)
     return (viewer, None) if refusal is None else (None, refusal)
 
 
 def _lines(server: Server, jobs: list[Job]) -> list[JobLine]:
+    """Blocking (it reads each owner from the key store): run it with `run_blocking`."""
     owners: dict[int, str] = {}
     now = time.time()
     lines = []
@@ -83,7 +85,7 @@ def _lines(server: Server, jobs: list[Job]) -> list[JobLine]:
 
 @router.get("/admin")
 async def admin_page(request: Request, did: str = "", target: str = "") -> Response:
-    viewer, refusal = _operator(request)
+    viewer, refusal = await _operator(request)
     if refusal is not None:
         return refusal
     server = server_of(request)
@@ -92,7 +94,8 @@ async def admin_page(request: Request, did: str = "", target: str = "") -> Respo
     notice = DONE[did].format(target=target) if did in DONE and target else ""
     return render(
         request, "admin.html", viewer=viewer, active="admin", data=overview(server),
-        live=_lines(server, live), errors=_lines(server, errors), notice=notice,
+        live=await run_blocking(_lines, server, live),
+        errors=await run_blocking(_lines, server, errors), notice=notice,
     )
 
 

@@ -21,6 +21,7 @@ from starlette.datastructures import FormData
 from ..auth.accounts import SignedIn
 from ..auth.keys import Principal
 from ..auth.sessions import csrf_matches, csrf_token
+from ..storage.blocking import run_blocking
 from ..web import environment
 from .deps import BodyTooLarge, access_of, accounts_of, bounded, server_of
 
@@ -54,14 +55,15 @@ def is_https(request: Request) -> bool:
     return request.url.scheme == "https" or public.startswith("https://")
 
 
-def viewer_of(request: Request) -> Optional[Viewer]:
+async def viewer_of(request: Request) -> Optional[Viewer]:
+    """Who is signed in (their session's row, read through `run_blocking`), or None."""
     server = server_of(request)
     access = access_of(server)
     if access.open:
         assert access.local_admin is not None  # an open server always has its local admin
         return Viewer(access.local_admin, None)
     token = request.cookies.get(SESSION_COOKIE)
-    principal = accounts_of(server).sessions.principal(token)
+    principal = await run_blocking(accounts_of(server).sessions.principal, token)
     return Viewer(principal, token) if principal is not None else None
 
 

@@ -58,5 +58,5 @@ async def overview_json(request: Request) -> dict[str, Any]:
 async def status_page(request: Request) -> Response:
     data = overview(server_of(request))
     peak = max([1] + [b["completed"] + b["errors"] for b in data["per_minute"]])
-    return render(request, "status.html", viewer=viewer_of(request), active="status",
+    return render(request, "status.html", viewer=await viewer_of(request), active="status",
                   data=data, peak=peak)
