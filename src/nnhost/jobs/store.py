@@ -28,6 +28,7 @@ from sqlalchemy.engine import RowMapping
 from ..db import Database
 from ..db import connect as _connect_database
 from ..db.tables import job_logs, jobs
+from ..execution.events import FINAL_STATUSES
 from .job import Job, Status, check_transition
 
 
@@ -98,8 +99,7 @@ class JobStore:
 
     def unfinished_count(self, user_id: int) -> int:
         """How many of the user's jobs are waiting or running (for the queued-jobs limit)."""
-        final = (Status.COMPLETED.value, Status.ERROR.value)
-        query = select(func.count()).where(jobs.c.user_id == user_id, jobs.c.status.not_in(final))
+        query = select(func.count()).where(jobs.c.user_id == user_id, jobs.c.status.not_in(sorted(FINAL_STATUSES)))
         with self.database.read() as db:
             return db.execute(query).scalar_one()
 

@@ -14,12 +14,12 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from ..execution.events import is_job_id
+
 
 def check_job_id(job_id: str) -> str:
-    """A job id is a file or object name here: letters, digits, ``-`` and ``_`` only."""
-    if not isinstance(job_id, str) or not job_id or not all(
-        c.isascii() and (c.isalnum() or c in "-_") for c in job_id
-    ):
+    """A job id is a file or object name here: the one rule (`execution.events.is_job_id`)."""
+    if not is_job_id(job_id):
         raise ValueError(f"not a job id: {job_id!r}")
     return job_id
 
