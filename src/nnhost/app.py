@@ -42,6 +42,7 @@ from .jobs.store import JobStore
 from .models.adapters import find_adapter
 from .models.hfcache import find_snapshot
 from .storage.blobs import BlobDir
+from .storage.blocking import run_blocking
 from .storage.links import LinkSigner
 from .storage.payloads import DatabasePayloads
 from .storage.results import ResultStore, open_result_store
@@ -293,7 +294,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
         # Result frames are torch.save'd; import torch now, off the loop, rather
         # than making the first user's COMPLETED wait for it.
         if role != "controller":
-            tasks.append(asyncio.create_task(asyncio.to_thread(__import__, "torch")))
+            tasks.append(asyncio.create_task(run_blocking(__import__, "torch")))
         try:
             yield
         finally:
@@ -302,7 +303,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
             if server.controller is not None:
                 await server.controller.stop(settings.shutdown_grace)
             if lease is not None:
-                await asyncio.to_thread(lease.release)
+                await run_blocking(lease.release)
                 log.info("gave up the controller lease")
             await bus.stop()
             database.close()

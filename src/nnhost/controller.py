@@ -36,6 +36,7 @@ from .jobs.service import JobService
 from .jobs.store import JobStore
 from .storage.payloads import JobPayloads
 from .storage.results import ResultStore
+from .storage.blocking import run_blocking
 
 if TYPE_CHECKING:
     from .telemetry.recent import RecentJobs
@@ -80,7 +81,7 @@ class Controller:
         await self.service.drain(grace)
         if self.service.on_demand is not None:
             self.service.on_demand.close()
-        await asyncio.to_thread(self.deployments.stop)
+        await run_blocking(self.deployments.stop)
 
     async def _pump(self) -> None:
         while True:
@@ -169,9 +170,9 @@ async def run_controller(
 ) -> None:
     """Stand by until this process holds the lease, then act as the controller until stopped."""
     waited = False
-    while not await asyncio.to_thread(lease.try_acquire):
+    while not await run_blocking(lease.try_acquire):
         if not waited:
-            holder = await asyncio.to_thread(lease.current)
+            holder = await run_blocking(lease.current)
             log.info("standing by: the controller is %s", holder.holder if holder else "starting")
             waited = True
         await asyncio.sleep(RENEW_EVERY)
@@ -190,11 +191,11 @@ async def run_controller(
         while True:
             await asyncio.sleep(RENEW_EVERY)
             try:
-                held = await asyncio.to_thread(lease.renew)
+                held = await run_blocking(lease.renew)
             except Exception:
                 log.exception("could not renew the controller lease")
                 held = False
-            if held or await asyncio.to_thread(lease.renew):
+            if held or await run_blocking(lease.renew):
                 renewed = time.monotonic()
             else:
                 log.critical(

@@ -35,6 +35,7 @@ from sqlalchemy import delete, insert, select, update
 
 from ..db import Database
 from ..db.tables import commands, shared_values
+from ..storage.blocking import run_blocking
 from .bus import EventBus
 from .front import Refused
 from .job import Job, Status
@@ -111,16 +112,16 @@ class DatabaseLink:
     async def cancel(self, job: Job) -> bool:
         # Recorded, not awaited: the controller cancels it as soon as it reads the row,
         # and a job that ends first is simply not cancelled.
-        await asyncio.to_thread(self._send, "cancel", {"job_id": job.id})
+        await run_blocking(self._send, "cancel", {"job_id": job.id})
         self._wake()
         return True
 
     async def command(self, kind: str, **args: Any) -> dict[str, Any]:
-        command_id = await asyncio.to_thread(self._send, kind, args)
+        command_id = await run_blocking(self._send, kind, args)
         self._wake()
         deadline = time.monotonic() + ANSWER_WITHIN
         while time.monotonic() < deadline:
-            raw = await asyncio.to_thread(self._result, command_id)
+            raw = await run_blocking(self._result, command_id)
             if raw is not None:
                 return _answer(raw)
             await asyncio.sleep(ANSWER_POLL)
@@ -198,7 +199,7 @@ class Relay:
                 now = time.monotonic()
                 if now - last_publish >= PUBLISH_EVERY:
                     last_publish = now
-                    await asyncio.to_thread(self.publish, self._board())
+                    await run_blocking(self.publish, self._board())
             except Exception:
                 log.exception("the controller's relay failed; trying again")
             if wake is None:
@@ -234,7 +235,7 @@ class Relay:
                 ))
                 continue
             try:
-                await asyncio.to_thread(self.service.payloads.fetch_to_file, job.id)
+                await run_blocking(self.service.payloads.fetch_to_file, job.id)
             except (OSError, ValueError):
                 pass  # dispatching reads it again, and fails the job saying so
             self.service.accept(job)
