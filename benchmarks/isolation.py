@@ -251,9 +251,8 @@ DESIGNS = {
 def bench_levels(server, repo: str, snapshot: Path, rounds: int) -> dict:
     """Median seconds to result with the model HOT, WARM, COLD; and the plain load here."""
     import torch
-    from nnsight import LanguageModel
-
     from hotswap import Admin
+    from nnsight import LanguageModel
 
     admin = Admin(server.url, API_KEY, repo)
     with warnings.catch_warnings():

@@ -25,6 +25,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from moto_s3 import S3Endpoint, aws_environment  # noqa: E402
+
 from nnhost.models.tiny import build_tiny_gpt2  # noqa: E402
 from nnhost.storage.links import LinkSigner  # noqa: E402
 from nnhost.storage.results import DirectoryStore, ResultStore  # noqa: E402

@@ -21,9 +21,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from tiers import COLLECTED_TIERS, tiers_of
 
 from nnhost.testing import ServerProcess, free_port, point_client_at
-from tiers import COLLECTED_TIERS, tiers_of
 
 TEST_REPO = "nnhost-test/tiny-gpt2"
 API_KEY = "nnh_test_" + "k" * 40

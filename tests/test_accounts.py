@@ -20,11 +20,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from compare import assert_same
 from conftest import API_KEY, TEST_REPO
+
 from nnhost.auth.access import settings_problem
-from nnhost.cli.people import parse_expiry
 from nnhost.auth.limits import (
     FailureCounter,
     LimitPolicy,
@@ -32,6 +31,7 @@ from nnhost.auth.limits import (
     RequestRate,
     parse_size,
 )
+from nnhost.cli.people import parse_expiry
 from nnhost.config import Settings, load_settings
 from nnhost.testing import ServerProcess
 

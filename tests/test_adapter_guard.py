@@ -15,8 +15,8 @@ import os
 import warnings
 
 import torch
-
 from conftest import TEST_REPO
+
 from nnhost.models.adapters import ADAPTER_FILES
 
 ADAPTER = "nnhost-test/tiny-gpt2-lora"

@@ -14,10 +14,9 @@ import warnings
 
 import pytest
 import torch
-from nnsight.intervention.backends.remote import RemoteBackend, RemoteError
-
 from compare import assert_same
 from conftest import TEST_REPO
+from nnsight.intervention.backends.remote import RemoteBackend, RemoteError
 
 ADAPTER = "nnhost-test/tiny-gpt2-lora"
 PROMPT = "The Eiffel Tower is in the city of"
@@ -117,9 +116,9 @@ def design_server(request, root, server_hf_home, test_snapshot, adapter_snapshot
     In the one-process design the adapter is taken out again after the job
     (the model is shared by every job), so the base must come back exactly.
     """
-    from nnhost.testing import ServerProcess
-
     from conftest import API_KEY
+
+    from nnhost.testing import ServerProcess
 
     env = {"mapped": {"NNHOST_EXECUTION": "mapped"}, "one-process": {"NNHOST_CONTAINMENT": "false"}}
     process = ServerProcess(

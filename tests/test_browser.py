@@ -20,7 +20,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import TEST_REPO
 
 CHROMIUM = os.environ.get("NNHOST_TEST_CHROMIUM", "/usr/bin/chromium")

@@ -18,10 +18,10 @@ import httpx
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import text
-
 from compare import assert_same
 from conftest import API_KEY, TEST_REPO
+from sqlalchemy import text
+
 from nnhost.auth.keys import KeyStore, hash_key
 from nnhost.config import Settings, SettingsError, load_settings
 from nnhost.db import DatabaseError, connect

@@ -19,9 +19,9 @@ import warnings
 
 import httpx
 import pytest
-
 from compare import assert_same
 from conftest import API_KEY
+
 from nnhost.testing import ServerProcess, free_port
 
 MODEL_A = "nnhost-test/swap-a"

@@ -15,8 +15,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import API_KEY, TEST_REPO
+
 from nnhost.testing import ServerProcess
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfds and /proc are Linux's")
@@ -114,11 +114,10 @@ def test_status_names_each_deployments_design(mapped_server, server):
 
 def test_no_job_runs_in_the_process_that_holds_the_weights(mapped_server, remote_model, local_model):
     """The host maps the weights and has one child, the template; the jobs are the template's."""
-    from nnsight import LanguageModel  # noqa: F401  (the client is imported by the fixtures)
-
     import threading
 
     import torch
+    from nnsight import LanguageModel  # noqa: F401  (the client is imported by the fixtures)
 
     seen: dict = {}
 

@@ -18,13 +18,13 @@ import socket
 import time
 
 import pytest
+from conftest import API_KEY, TEST_REPO
+from service_nginx import guide_site, nginx_in_front_of
+from test_hostile_traffic import small_trace_works
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from conftest import API_KEY, TEST_REPO
 from nnhost.testing import ServerProcess
-from service_nginx import guide_site, nginx_in_front_of
-from test_hostile_traffic import small_trace_works
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,9 @@ import time
 
 import httpx
 import pytest
-
 from compare import assert_same
 from conftest import API_KEY, TEST_REPO
+
 from nnhost.testing import ServerProcess
 
 SEED = 20240611

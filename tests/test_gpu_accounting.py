@@ -12,8 +12,8 @@ import warnings
 
 import pytest
 import torch
-
 from fakes import FakeFleet
+
 from nnhost.deployments.catalog import Catalog, ModelSpec
 from nnhost.deployments.manager import COLD, HOT, WARM, CannotFit, DeploymentManager
 from nnhost.deployments.sizing import QUANTIZATION_BYTES, device_shares, tensor_bytes

@@ -15,12 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-
 from compare import assert_identical
 from conftest import API_KEY, TEST_REPO
-from nnhost.testing import ServerProcess
 from parity_programs import lm_head_logits
 from test_accounts import as_client, csrf_of
+
+from nnhost.testing import ServerProcess
 
 FAILURE_LIMIT = 5
 SIGNUPS_PER_ADDRESS = 3

@@ -24,8 +24,8 @@ from nnhost.jobs.bus import LocalEventBus
 from nnhost.jobs.job import Job, Status
 from nnhost.jobs.scheduler import Scheduler
 from nnhost.jobs.service import JobService
-from nnhost.jobs.update import JobUpdate
 from nnhost.jobs.store import JobStore, connect
+from nnhost.jobs.update import JobUpdate
 from nnhost.jobs.upkeep import STUCK_MARGIN
 from nnhost.storage.blobs import BlobDir
 from nnhost.storage.links import LinkSigner

@@ -9,7 +9,6 @@ module's own tests name no server and stay `unit` themselves.
 from __future__ import annotations
 
 import pytest
-
 from tiers import COLLECTED_TIERS, TIERS, starts
 
 #: Tests whose tiers are known, as the whole suite collects them.

@@ -8,13 +8,13 @@ the same weights, and the saved values must be identical, types included.
 
 from __future__ import annotations
 
+import kind_programs as programs
 import pytest
 import torch
-
-import kind_programs as programs
 from compare import assert_identical
 from conftest import API_KEY
 from kinds import run_client
+
 from nnhost.testing import ServerProcess
 
 

@@ -9,9 +9,10 @@ on the node where that is enough; this machine's own budgets play no part.
 from __future__ import annotations
 
 from fakes import FakeCluster
+from test_service_inprocess import ADA, MiB, World, run, spec
+
 from nnhost.deployments.contract import Level, NodeCapacity
 from nnhost.jobs.job import Status
-from test_service_inprocess import ADA, MiB, World, run, spec
 
 A = NodeCapacity("a" * 56, "10.0.0.1", 100 * MiB, cpus=4, gpus=0)
 B = NodeCapacity("b" * 56, "10.0.0.2", 80 * MiB, cpus=4, gpus=0)

@@ -15,11 +15,11 @@ import time
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from conftest import API_KEY, TEST_REPO
-from nnhost.testing import ServerProcess
+from prometheus_client.parser import text_string_to_metric_families
 from test_accounts import as_client, wait_done
+
+from nnhost.testing import ServerProcess
 
 PROMPT = "The Eiffel Tower is in the city of"
 GOOD, BAD = 3, 2

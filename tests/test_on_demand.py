@@ -27,9 +27,9 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-
 from compare import assert_identical
 from conftest import API_KEY
+
 from nnhost.testing import ServerProcess
 from nnhost.units import format_size
 

@@ -24,10 +24,10 @@ import io
 import re
 
 import pytest
-
 from compare import assert_identical
 from conftest import API_KEY, TEST_REPO
 from parity_programs import PROGRAMS, PROMPT, user_classes
+
 from nnhost.testing import ServerProcess
 
 NOTICE = "shared model"

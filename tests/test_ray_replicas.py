@@ -17,14 +17,14 @@ import time
 
 import httpx
 import pytest
-
 from compare import assert_identical
 from conftest import API_KEY, TEST_REPO
-from nnhost.deployments.sizing import tensor_bytes
-from nnhost.testing import ServerProcess
 from service_ray import ray_cluster  # noqa: F401  (the fixture)
 from service_redis import redis_server  # noqa: F401  (the fixture)
 from test_accounts import as_client
+
+from nnhost.deployments.sizing import tensor_bytes
+from nnhost.testing import ServerProcess
 
 PROMPT = "The Eiffel Tower is in the city of"
 
@@ -70,8 +70,9 @@ def test_a_per_request_adapter_travels_to_the_ray_node(
 ):
     """The node has no copy of the server's cache: the adapter's files go with the job."""
     from compare import assert_same
-    from nnhost.models.tiny_lora import build_tiny_lora
     from test_adapters import ADAPTER, _open, adapted_program, base_program
+
+    from nnhost.models.tiny_lora import build_tiny_lora
 
     snapshot = build_tiny_lora(ADAPTER, test_snapshot, TEST_REPO, server_hf_home)
     adapted_remote = _open(TEST_REPO, peft=ADAPTER)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from conftest import API_KEY, TEST_REPO
+from service_redis import redis_server  # noqa: F401  (the fixture)
+
 from nnhost.jobs.bus_redis import RedisEventBus
 from nnhost.testing import ServerProcess
-from service_redis import redis_server  # noqa: F401  (the fixture)
 
 PROMPT = "The Eiffel Tower is in the city of"
 
@@ -83,9 +83,8 @@ def redis_events_server(root, server_hf_home, test_snapshot, server, redis_serve
 
 
 def test_the_client_gets_its_updates_through_redis(redis_events_server, remote_model, local_model):
-    from nnsight import CONFIG
-
     from compare import assert_identical
+    from nnsight import CONFIG
 
     previous = CONFIG.API.HOST
     CONFIG.API.HOST = redis_events_server.url

@@ -11,7 +11,9 @@ import asyncio
 import json
 import time
 
+import pytest
 from sqlalchemy import insert, update
+from test_service_inprocess import ADA, World, spec
 
 from nnhost.db import connect
 from nnhost.db.tables import commands
@@ -21,9 +23,6 @@ from nnhost.jobs.lease import Lease
 from nnhost.jobs.relay import DatabaseLink, Relay, read_board
 from nnhost.storage.blobs import BlobDir
 from nnhost.storage.payloads import DatabasePayloads
-from test_service_inprocess import ADA, World, spec
-
-import pytest
 
 
 def test_one_controller_holds_the_lease_and_a_standby_takes_it_when_it_lapses(database_url):

@@ -11,7 +11,6 @@ import asyncio
 import nnsight
 import pytest
 import torch
-
 from compare import assert_same
 
 PROMPT = "The Eiffel Tower is in the city of"

@@ -20,9 +20,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-
 from conftest import API_KEY, TEST_REPO
 from moto_s3 import CREDENTIALS, S3Endpoint, aws_environment
+
 from nnhost.config import Settings, SettingsError, load_settings
 from nnhost.jobs.job import Job, Status
 from nnhost.jobs.service import JobService

@@ -18,16 +18,16 @@ import time
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
-
 from balancer import Balancer, websockets_to_first
 from compare import assert_identical
 from conftest import API_KEY, TEST_REPO
 from moto_s3 import CREDENTIALS, S3Endpoint
 from parity_programs import PROGRAMS
-from nnhost.testing import ServerProcess
 from service_redis import redis_server  # noqa: F401  (the fixture)
+from sqlalchemy import create_engine, text
 from test_accounts import as_client
+
+from nnhost.testing import ServerProcess
 
 PROMPT = "The Eiffel Tower is in the city of"
 HEADERS = {"ndif-api-key": API_KEY}

@@ -15,10 +15,10 @@ import time
 
 import httpx
 import pytest
-
 from compare import assert_same
 from conftest import API_KEY, TEST_REPO
 from moto_s3 import CREDENTIALS, S3Endpoint
+
 from nnhost.testing import ServerProcess
 
 BUCKET = "nnhost-results"

@@ -10,8 +10,8 @@ import time
 
 import httpx
 import pytest
-
 from conftest import API_KEY, TEST_REPO
+
 from nnhost.testing import ServerProcess
 
 

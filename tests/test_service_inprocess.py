@@ -14,8 +14,8 @@ import json
 import time
 
 import pytest
-
 from fakes import FakeFleet
+
 from nnhost.auth.keys import Principal
 from nnhost.config import Settings
 from nnhost.deployments.catalog import Catalog, ModelSpec
@@ -25,13 +25,13 @@ from nnhost.deployments.manager import DeploymentManager
 from nnhost.execution.events import JobEvent
 from nnhost.jobs.board import board
 from nnhost.jobs.bus import LocalEventBus
-from nnhost.jobs.job import Status
-from nnhost.jobs.scheduler import Scheduler
 from nnhost.jobs.front import JobFront, Submission
+from nnhost.jobs.job import Status
 from nnhost.jobs.relay import InProcessLink
+from nnhost.jobs.scheduler import Scheduler
 from nnhost.jobs.service import JobService
-from nnhost.jobs.update import JobUpdate
 from nnhost.jobs.store import JobStore, connect
+from nnhost.jobs.update import JobUpdate
 from nnhost.storage.blobs import BlobDir
 from nnhost.storage.links import LinkSigner
 from nnhost.storage.results import DirectoryStore

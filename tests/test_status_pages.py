@@ -17,11 +17,11 @@ import time
 
 import httpx
 import pytest
-
 from conftest import API_KEY, TEST_REPO
-from nnhost.testing import ServerProcess
 from test_accounts import as_client, make_user
 from test_browser import Camera, browser  # noqa: F401  (the browser fixture)
+
+from nnhost.testing import ServerProcess
 
 PROMPT = "The Eiffel Tower is in the city of"
 OPERATOR, OPERATOR_PASSWORD = "ops@example.org", "an operator's long password"

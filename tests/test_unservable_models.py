@@ -10,11 +10,10 @@ the class's import path, a colon, then `VLLM._remoteable_model_key`, the repo id
 from __future__ import annotations
 
 import pytest
+from conftest import TEST_REPO
 from nnsight.intervention.backends.remote import RemoteBackend, RemoteError
 from nnsight.modeling.vllm import VLLM
 from nnsight.util import to_import_path
-
-from conftest import TEST_REPO
 
 
 def test_a_vllm_request_is_refused_naming_what_is_served(server, remote_model):

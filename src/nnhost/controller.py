@@ -34,9 +34,9 @@ from .jobs.relay import Relay
 from .jobs.scheduler import Scheduler
 from .jobs.service import JobService
 from .jobs.store import JobStore
+from .storage.blocking import run_blocking
 from .storage.payloads import JobPayloads
 from .storage.results import ResultStore
-from .storage.blocking import run_blocking
 
 if TYPE_CHECKING:
     from .telemetry.recent import RecentJobs

@@ -15,8 +15,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import API_KEY, TEST_REPO
+
 from nnhost.testing import ServerProcess
 
 MiB = 1024 * 1024

@@ -7,7 +7,6 @@ import time
 from typing import Optional
 
 import httpx
-
 from compare import assert_same
 from conftest import API_KEY, TEST_REPO
 

@@ -14,12 +14,12 @@ import json
 import textwrap
 
 import httpx
-
 from conftest import API_KEY, TEST_REPO
+
+from nnhost.execution.job_process import TEST_MAGIC, TEST_SEPARATOR
 
 from .beaten_python import PRELUDE, reported, wait_for
 from .helpers import MODEL_KEY, serialized_request
-from nnhost.execution.job_process import TEST_MAGIC, TEST_SEPARATOR
 
 ADAPTER = "nnhost-test/tiny-gpt2-lora"
 

@@ -18,8 +18,8 @@ import sqlite3
 
 import httpx
 import pytest
-
 from conftest import API_KEY, TEST_REPO
+
 from nnhost.testing import ServerProcess
 
 from .helpers import assert_serving

@@ -12,13 +12,13 @@ from __future__ import annotations
 import re
 import socket
 import threading
+import typing
 
 import nnsight
 import numpy
 import pytest
 import sympy
 import torch
-import typing
 
 from .conftest import SECRET
 from .helpers import PROMPT

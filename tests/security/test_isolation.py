@@ -28,13 +28,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-import nnhost
 from conftest import API_KEY
 
+import nnhost
+
 from .beaten_python import hostile, job_logs, reported, submit_hostile, wait_for
-from .helpers import serialized_request
 from .conftest import ISO_SECRET as SECRET
+from .helpers import serialized_request
 
 MiB = 1024 * 1024
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from parity_programs import shipped_module
 
 from .helpers import PROMPT, run_blob, serialized_request

@@ -18,7 +18,6 @@ import warnings
 import nnsight
 import pytest
 import torch
-
 from conftest import API_KEY
 
 from .helpers import PROMPT

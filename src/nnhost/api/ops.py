@@ -11,16 +11,14 @@ from __future__ import annotations
 import sys
 from functools import lru_cache
 from importlib.metadata import distributions, packages_distributions
-
 from typing import Any, Optional
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import PlainTextResponse, Response
 
-from ..telemetry.metrics import CONTENT_TYPE_LATEST
-
 from ..auth.access import Throttled
 from ..storage.blocking import run_blocking
+from ..telemetry.metrics import CONTENT_TYPE_LATEST
 from .deps import API_KEY_HEADER, access_of, client_address, metrics_of, server_of, too_many
 
 router = APIRouter()

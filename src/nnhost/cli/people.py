@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
 from ..auth.invites import InviteStore
 from ..auth.keys import LOCAL_ADMIN_EMAIL as ADMIN_EMAIL
 from ..auth.keys import KeyStore, User, UserExists, normalize_tags
+from ..auth.passwords import hash_password, password_problem
 from ..units import parse_duration
 from .flags import add_setting_flags
-from ..auth.passwords import hash_password, password_problem
 
 if TYPE_CHECKING:
     from ..db import Database

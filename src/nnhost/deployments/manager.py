@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from ..execution.events import JobEvent, JobSpec
-from ..units import format_size
 from ..execution.worker import WorkerOptions
+from ..units import format_size
 from .catalog import Catalog, ModelKey, ModelSpec
-from .incidents import Tally
-from .scaling import Scaling
 from .contract import Level, PlacesOnNodes, Replica, ReplicaFactory, ReplicaState, ReplicaStatus
+from .incidents import Tally
 from .nodes import NodeRoom
+from .scaling import Scaling
 from .sizing import threads_per_job
 
 log = logging.getLogger("nnhost.deployments")

@@ -35,8 +35,16 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 from ..execution.events import JobEvent, JobSpec
 from ..execution.worker import WorkerOptions
 from ..models.adapters import read_adapter
-from .contract import (NodeCapacity, OnIdle, OnIncident, OnJobEvent, OnState, Replica,
-                       ReplicaState, ReplicaStatus)
+from .contract import (
+    NodeCapacity,
+    OnIdle,
+    OnIncident,
+    OnJobEvent,
+    OnState,
+    Replica,
+    ReplicaState,
+    ReplicaStatus,
+)
 from .incidents import Incident
 from .nodes import Need
 

@@ -44,7 +44,6 @@ from .job_watch import JobWatch, LogLines
 from .slots import JobProcesses, Slot
 from .spare_hosts import SPARES, clean_environment, start_host
 
-
 #: Only these reach the host process's environment (it gets nothing else of the server's).
 HOST_ENVIRONMENT = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "HOME",
                     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM",

@@ -41,7 +41,19 @@ from typing import Callable, Optional
 from . import containment, syscall_filter
 from .containment import ContainmentPolicy, ContainmentReport
 from .filesystem_layer import mount_scratch
-from .libc import CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, M_PERTURB, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, c_library, mount, unshare
+from .libc import (
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    M_PERTURB,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_RDONLY,
+    c_library,
+    mount,
+    unshare,
+)
 
 CLONE_NEWPID = 0x20000000
 CGROUPS = "/sys/fs/cgroup"

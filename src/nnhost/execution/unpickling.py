@@ -42,6 +42,7 @@ import typing
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, TypeVar, cast
 
+from .library_hardening import untrusted
 from .sandbox import (
     SandboxPolicy,
     attribute_problem,
@@ -49,7 +50,6 @@ from .sandbox import (
     guarded_builtins,
     install_builtins,
 )
-from .library_hardening import untrusted
 from .shipped_classes import Unavailable
 from .unpickling_allowlist import (
     BUILTIN_CONSTRUCTORS,

@@ -80,9 +80,9 @@ class WeightImage:
 
     def offset_of(self, tensor: Any) -> int:
         """Where ``tensor``'s storage starts in the image (a tensor `build` re-pointed)."""
-        import torch
-
         import warnings
+
+        import torch
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
