@@ -263,7 +263,7 @@ class DeploymentManager(Scaling):
         budget = self.budget(device)
         return budget is None or self.used(device, excluding) + size <= budget
 
-    def _victims(self, device: Optional[str], wanted: Deployment) -> list[Deployment]:
+    def victims(self, device: Optional[str], wanted: Deployment) -> list[Deployment]:
         """Deployments that may be demoted to make room on ``device`` (None: on any node the
         cluster places on), least recently used first."""
         candidates = [
@@ -294,7 +294,7 @@ class DeploymentManager(Scaling):
         evicted = []
         for device, size in needs.items():
             while not self._fits(device, size, wanted):
-                victims = self._victims(device, wanted)
+                victims = self.victims(device, wanted)
                 if not victims:
                     return None
                 victim = victims[0]

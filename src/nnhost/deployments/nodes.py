@@ -135,7 +135,7 @@ class NodeRoom:
     def _cheapest(self, manager: "DeploymentManager", wanted: "Deployment") -> list["Deployment"]:
         """The fewest idle deployments, least recently used first, on one node, whose demotion
         lets ``wanted`` fit; empty when no such set exists."""
-        idle = manager._victims(None, wanted)
+        idle = manager.victims(None, wanted)
         best: list["Deployment"] = []
         for node_id in (node.node_id for node in self.factory.nodes()):
             here = [d for d in idle if any(self.factory.node_of(r) == node_id for r in d.replicas)]
