@@ -64,7 +64,11 @@ class InProcessLink:
         self._board = board
 
     def accepted(self, job: Job) -> None:
-        self.service.accept(job)
+        # After the reply, not before it: the job is stored, so RECEIVED can go
+        # out now, and queueing and dispatch (a database write, the hand-off to
+        # a job process) then overlap with the client reading it instead of
+        # delaying it. Same loop, same order of jobs: call_soon is FIFO.
+        asyncio.get_running_loop().call_soon(self.service.accept, job)
 
     async def cancel(self, job: Job) -> bool:
         return self.service.cancel(job)
