@@ -30,7 +30,7 @@ import asyncio
 import logging
 import os
 from pathlib import Path
-from typing import BinaryIO, Callable, Optional, Protocol, TypeVar, runtime_checkable
+from typing import Any, BinaryIO, Callable, Optional, Protocol, TypeVar, runtime_checkable
 
 from .blobs import check_job_id, write_file
 from .blocking import run_blocking
@@ -152,11 +152,18 @@ class AsyncResultStore(Protocol):
         """
 
 
-class InPlaceResults:
-    """`AsyncResultStore` for a store whose calls return at once (a folder on this machine)."""
+class LoopSide:
+    """What both loop sides share: every I/O method is `call` of the blocking one.
+
+    The two kinds below differ only in how a call runs (`call`) and in
+    `run_then`; the method list is written once, here.
+    """
 
     def __init__(self, store: ResultStore) -> None:
         self._store = store
+
+    async def call(self, function: Callable[..., T], *args: Any) -> T:
+        raise NotImplementedError
 
     @property
     def store(self) -> ResultStore:
@@ -173,28 +180,35 @@ class InPlaceResults:
         return self._store.signed_url(job_id, ttl, base_url)
 
     async def commit(self, job_id: str) -> Optional[int]:
-        return self._store.commit(job_id)
+        return await self.call(self._store.commit, job_id)
 
     async def write(self, job_id: str, data: bytes) -> int:
-        return self._store.write(job_id, data)
+        return await self.call(self._store.write, job_id, data)
 
     async def open(self, job_id: str) -> BinaryIO:
-        return self._store.open(job_id)
+        return await self.call(self._store.open, job_id)
 
     async def read(self, job_id: str) -> bytes:
-        return self._store.read(job_id)
+        return await self.call(self._store.read, job_id)
 
     async def size(self, job_id: str) -> Optional[int]:
-        return self._store.size(job_id)
+        return await self.call(self._store.size, job_id)
 
     async def exists(self, job_id: str) -> bool:
-        return self._store.exists(job_id)
+        return await self.call(self._store.exists, job_id)
 
     async def delete(self, job_id: str) -> None:
-        self._store.delete(job_id)
+        await self.call(self._store.delete, job_id)
 
     async def expire(self, before: float) -> int:
-        return self._store.expire(before)
+        return await self.call(self._store.expire, before)
+
+
+class InPlaceResults(LoopSide):
+    """`AsyncResultStore` for a store whose calls return at once (a folder on this machine)."""
+
+    async def call(self, function: Callable[..., T], *args: Any) -> T:
+        return function(*args)
 
     def run_then(
         self, work: Callable[[ResultStore], T], then: Callable[[T], None]
@@ -203,49 +217,11 @@ class InPlaceResults:
         return None
 
 
-class ThreadedResults:
+class ThreadedResults(LoopSide):
     """`AsyncResultStore` for a store whose calls wait on the network: each runs in a thread."""
 
-    def __init__(self, store: ResultStore) -> None:
-        self._store = store
-
-    @property
-    def store(self) -> ResultStore:
-        return self._store
-
-    @property
-    def location(self) -> str:
-        return self._store.location
-
-    def staging_path(self, job_id: str) -> Path:
-        return self._store.staging_path(job_id)
-
-    def signed_url(self, job_id: str, ttl: float, base_url: str) -> str:
-        return self._store.signed_url(job_id, ttl, base_url)
-
-    async def commit(self, job_id: str) -> Optional[int]:
-        return await run_blocking(self._store.commit, job_id)
-
-    async def write(self, job_id: str, data: bytes) -> int:
-        return await run_blocking(self._store.write, job_id, data)
-
-    async def open(self, job_id: str) -> BinaryIO:
-        return await run_blocking(self._store.open, job_id)
-
-    async def read(self, job_id: str) -> bytes:
-        return await run_blocking(self._store.read, job_id)
-
-    async def size(self, job_id: str) -> Optional[int]:
-        return await run_blocking(self._store.size, job_id)
-
-    async def exists(self, job_id: str) -> bool:
-        return await run_blocking(self._store.exists, job_id)
-
-    async def delete(self, job_id: str) -> None:
-        await run_blocking(self._store.delete, job_id)
-
-    async def expire(self, before: float) -> int:
-        return await run_blocking(self._store.expire, before)
+    async def call(self, function: Callable[..., T], *args: Any) -> T:
+        return await run_blocking(function, *args)
 
     def run_then(
         self, work: Callable[[ResultStore], T], then: Callable[[T], None]
