@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import asdict
 
 import pytest
 from sqlalchemy import text
@@ -73,7 +72,7 @@ def frames(service, session_id):
     queue = asyncio.run(service.bus.owner(session_id)).queue
     out = []
     while not queue.empty():
-        out.append(asdict(JobUpdate.decode(queue.get_nowait())))
+        out.append(JobUpdate.decode(queue.get_nowait()).model_dump())
     return out
 
 

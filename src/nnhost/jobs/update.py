@@ -8,26 +8,50 @@ with a result link signed for the address the client used. So the job service
 never builds the client's messages, and a controller on another machine
 needs to know nothing of HTTP.
 
-It travels as bytes: a JSON header line, then the inline result if any. A
-frame that does not decode is refused with `ValueError` (the bus is shared
-with other processes: what arrives on it is checked, like anything a process
-did not make itself).
+It travels as bytes: a JSON header line, then the inline result if any. The
+model declares every rule a header must meet (its fields, their types, a job
+id the server could have issued, a status a job can have), and `decode`
+applies them in one place: a frame that does not meet them is refused with
+`ValueError`. The bus is shared with other processes, so what arrives on it
+is untrusted, like anything a process did not make itself. This module must
+never build a client's frame nor know of HTTP.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, ValidationError
+
+from ..execution.events import JOB_ID
+from .job import Status
 
 #: The first bytes of every encoded update, so a frame of another kind is told apart.
 MAGIC = b"nnhost-update:"
 
+#: A job id as the server issues them (`execution.events.JOB_ID`, the one rule).
+JobId = Annotated[str, StringConstraints(pattern=f"^{JOB_ID.pattern}$")]
 
-@dataclass(frozen=True)
-class JobUpdate:
-    job_id: str
-    status: str
+
+def _known_status(value: str) -> str:
+    Status(value)  # ValueError, which pydantic reports, for a status no job has
+    return value
+
+
+#: A job's status by its name (`jobs.job.Status`), as the client's frames carry it.
+StatusName = Annotated[str, AfterValidator(_known_status)]
+
+
+class JobUpdate(BaseModel):
+    """One update of one job, as published on the bus; checked when built and when decoded."""
+
+    # Frozen: an update is a fact once published. Strict and closed: the header
+    # comes from another process, so nothing is coerced and no key is ignored.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    job_id: JobId
+    status: StatusName
     description: str
     #: The job's metadata (runtime, memory) once it has ended.
     meta: Optional[dict[str, Any]] = None
@@ -39,25 +63,34 @@ class JobUpdate:
     inline: Optional[bytes] = None
 
     def encode(self) -> bytes:
-        header = {k: v for k, v in asdict(self).items() if k != "inline"}
+        header = self.model_dump(exclude={"inline"})
         header["inline"] = self.inline is not None
         return MAGIC + json.dumps(header).encode() + b"\n" + (self.inline or b"")
 
     @classmethod
-    def decode(cls, frame: Any) -> "JobUpdate":
+    def decode(cls, frame: object) -> "JobUpdate":
+        """The update ``frame`` encodes; `ValueError` saying why for anything else."""
         if not isinstance(frame, bytes) or not frame.startswith(MAGIC):
             raise ValueError("not a job update")
         header_line, _, rest = frame[len(MAGIC):].partition(b"\n")
-        header = json.loads(header_line)
+        try:
+            header = json.loads(header_line)
+        except ValueError:
+            raise ValueError("a job update's header is not JSON") from None
         if not isinstance(header, dict):
             raise ValueError("a job update's header is not an object")
-        has_inline = header.pop("inline", False) is True
+        has_inline = header.pop("inline", False)
+        if not isinstance(has_inline, bool):
+            raise ValueError("a job update's inline flag is not true or false")
         try:
-            update = cls(**header, inline=bytes(rest) if has_inline else None)
-        except TypeError as error:
-            raise ValueError(f"a job update has unknown fields: {error}") from None
-        if not isinstance(update.job_id, str) or not isinstance(update.status, str):
-            raise ValueError("a job update without a job id or status")
-        if update.meta is not None and not isinstance(update.meta, dict):
-            raise ValueError("a job update's meta is not an object")
-        return update
+            return cls.model_validate({**header, "inline": bytes(rest) if has_inline else None})
+        except ValidationError as error:
+            raise ValueError(f"a malformed job update: {_problems(error)}") from None
+
+
+def _problems(error: ValidationError) -> str:
+    """A validation error in one line: each field that failed and why."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in problem['loc']) or 'the message'}: {problem['msg']}"
+        for problem in error.errors()
+    )
