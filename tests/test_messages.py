@@ -12,6 +12,19 @@ import json
 
 import pytest
 
+from nnhost.jobs.messages import (
+    Cancel,
+    Deploy,
+    Deployed,
+    Done,
+    Evict,
+    MalformedMessage,
+    Refusal,
+    answer_text,
+    command_row,
+    parse_command,
+    read_answer,
+)
 from nnhost.jobs.update import MAGIC, JobUpdate
 
 
@@ -54,3 +67,57 @@ def test_a_malformed_update_is_refused_saying_why(frame, says):
 def test_an_update_is_checked_when_it_is_built_too():
     with pytest.raises(ValueError, match="status"):
         JobUpdate(job_id="a1", status="PWNED", description="")
+
+
+def test_a_command_survives_its_row():
+    for command in (Deploy(model="org/a", level="warm"), Evict(model="org/a"), Cancel(job_id="a" * 32)):
+        kind, args = command_row(command)
+        assert kind == command.type and "type" not in json.loads(args)
+        assert parse_command(kind, args) == command
+    assert parse_command("deploy", {"model": "org/a"}) == Deploy(model="org/a", level="hot")
+
+
+@pytest.mark.parametrize("kind, args, says", [
+    ("reboot", "{}", "Unknown command 'reboot'"),
+    (None, "{}", "Unknown command None"),
+    ("evict", "[1, 2]", "not an object"),
+    ("evict", "{not json", "not JSON"),
+    ("evict", {"model": "org/a", "bogus": 1}, "bogus"),
+    ("evict", {}, "model"),
+    ("evict", {"model": 7}, "model"),
+    ("deploy", {"model": "org/a", "level": ["hot"]}, "level"),
+    ("cancel", {"job_id": "../../etc/passwd"}, "job_id"),
+    ("cancel", {"job_id": "a1", "type": "evict"}, "'type' is not an argument"),
+])
+def test_a_malformed_command_is_refused_saying_why(kind, args, says):
+    with pytest.raises(MalformedMessage) as refused:
+        parse_command(kind, args)
+    assert says in str(refused.value)
+    assert isinstance(refused.value, ValueError)
+
+
+def test_an_answer_is_the_commands_result_or_a_refusal():
+    deploy = Deploy(model="org/a")
+    done = Done(ok=Deployed(model="org/a", target="HOT", note="").model_dump())
+    assert read_answer(answer_text(done), deploy) == Deployed(model="org/a", target="HOT", note="")
+    refusal = Refusal(refused=(409, "busy"))
+    assert read_answer(answer_text(refusal), deploy) == refusal
+    # The row's format is the one earlier versions wrote.
+    assert json.loads(answer_text(refusal)) == {"refused": [409, "busy"]}
+
+
+@pytest.mark.parametrize("raw, says", [
+    (None, "Invalid JSON"),
+    ("{not json", "Invalid JSON"),
+    ("[1, 2]", "answer is malformed"),
+    ('{"refused": [200, "fine"]}', "greater than or equal to 400"),
+    ('{"refused": ["404", "no"]}', "refused.0"),
+    ('{"refused": [404]}', "refused"),
+    ('{"ok": {"model": "org/a"}, "refused": [404, "no"]}', "Extra inputs"),
+    ('{"ok": {"model": "org/a", "target": "HOT"}}', "answer to deploy is malformed: note"),
+    ('{"ok": {"id": "a1", "cancelled": true}}', "answer to deploy is malformed"),
+])
+def test_a_malformed_answer_is_refused_saying_why(raw, says):
+    with pytest.raises(MalformedMessage) as refused:
+        read_answer(raw, Deploy(model="org/a"))
+    assert says in str(refused.value)

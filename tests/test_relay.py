@@ -140,6 +140,25 @@ def test_what_the_database_holds_is_checked_before_the_controller_acts_on_it(tmp
     asyncio.run(body())
 
 
+def test_an_answer_the_api_process_cannot_read_is_a_502_not_a_crash(tmp_path):
+    async def body():
+        world = await World(tmp_path, [spec("org/a")]).start()
+        split = Split(world, tmp_path)
+        for forged in ("{not json", json.dumps({"ok": {"model": "org/a"}}),
+                       json.dumps({"refused": [200, "fine"]})):
+            asked = asyncio.create_task(split.front.command("evict", model="org/a"))
+            await asyncio.sleep(0.05)  # the command's row is written; the controller forges its answer
+            with world.connection.write() as db:
+                db.execute(update(commands).where(commands.c.done_at.is_(None))
+                           .values(done_at=time.time(), result=forged))
+            with pytest.raises(Refused) as refused:
+                await asked
+            assert refused.value.code == 502 and "could not be read" in refused.value.detail
+        assert world.deployments.get("org/a").target == "HOT"  # nothing carried it out
+
+    asyncio.run(body())
+
+
 def test_api_processes_see_the_published_board_and_when_it_goes_stale(tmp_path):
     async def body():
         world = await World(tmp_path, [spec("org/a")]).start()

@@ -5,30 +5,33 @@ same process (``role = "all"``) and one on another machine (through
 `relay.DatabaseLink`) get the same answers. A refusal is a `front.Refused`
 carrying the HTTP status the API answers with; this module knows nothing of
 HTTP beyond that number.
+
+A command arrives as a `messages.Command`, already checked (`parse_command`),
+and each answers with its declared result type: nothing here reads a
+dictionary of arguments.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 from ..deployments.contract import Level
 from ..deployments.manager import COLD, HOT, WARM, CannotFit, Deployment
 from .front import Refused
+from .messages import Cancel, Cancelled, Command, Deploy, Deployed, Evict, Evicted, Result
 from .service import JobService
 
 
 def _deployment(service: JobService, name: str) -> Deployment:
     deployments = service.deployments.deployments
-    if not isinstance(name, str) or name not in deployments:
+    if name not in deployments:
         served = ", ".join(deployments) or "none"
         raise Refused(404, f"No model {name!r} in this server's catalog. Catalog: {served}.")
     return deployments[name]
 
 
-def deploy(service: JobService, model: str, level: str = "hot") -> dict[str, Any]:
+def deploy(service: JobService, model: str, level: str = "hot") -> Deployed:
     """Bring ``model`` to ``level`` (hot or warm)."""
     deployment = _deployment(service, model)
-    asked = str(level).upper()
+    asked = level.upper()
     if asked not in (HOT, WARM):
         raise Refused(422, "level must be 'hot' or 'warm'.")
     wanted = Level(asked)
@@ -38,17 +41,17 @@ def deploy(service: JobService, model: str, level: str = "hot") -> dict[str, Any
         if deployment.busy or service.has_work(deployment.name):
             raise Refused(409, f"{deployment.name} has queued or running jobs; it stays HOT for now.")
         manager.set_level(deployment.name, WARM, note="Made WARM by the operator.")
-        return {"model": deployment.name, "target": WARM, "note": deployment.note}
+        return Deployed(model=deployment.name, target=str(WARM), note=deployment.note)
     try:
         note = manager.request(deployment.name, wanted)
     except CannotFit as error:
         raise Refused(409, str(error)) from None
     if deployment.target != wanted and not (wanted == WARM and deployment.target == HOT):
         raise Refused(409, f"{deployment.name} cannot be made {wanted} now: {note}.")
-    return {"model": deployment.name, "target": deployment.target, "note": deployment.note}
+    return Deployed(model=deployment.name, target=str(deployment.target), note=deployment.note)
 
 
-def evict(service: JobService, model: str) -> dict[str, Any]:
+def evict(service: JobService, model: str) -> Evicted:
     """Make ``model`` COLD, unless it has work."""
     deployment = _deployment(service, model)
     if deployment.busy or service.has_work(deployment.name):
@@ -58,29 +61,24 @@ def evict(service: JobService, model: str) -> dict[str, Any]:
             "try again when its queue is empty.",
         )
     service.deployments.set_level(deployment.name, COLD, note="Evicted by the operator.")
-    return {"model": deployment.name, "target": COLD}
+    return Evicted(model=deployment.name, target=str(COLD))
 
 
-def cancel(service: JobService, job_id: str) -> dict[str, Any]:
-    job = service.store.get(job_id) if isinstance(job_id, str) else None
+def cancel(service: JobService, job_id: str) -> Cancelled:
+    job = service.store.get(job_id)
     if job is None:
         raise Refused(404, f"No job {job_id}.")
     if not service.cancel(job):
         raise Refused(409, f"Job {job_id} has already ended ({job.status.value}).")
-    return {"id": job_id, "cancelled": True}
+    return Cancelled(id=job_id, cancelled=True)
 
 
-#: Each takes the service and the command's arguments by name (they come from a
-#: request, so `carry_out` turns a mismatch into a refusal).
-COMMANDS: dict[str, Callable[..., dict[str, Any]]] = {"deploy": deploy, "evict": evict, "cancel": cancel}
-
-
-def carry_out(service: JobService, kind: str, args: dict[str, Any]) -> dict[str, Any]:
-    """Run one command; `Refused` for a refusal, including an unknown or malformed command."""
-    command = COMMANDS.get(kind)
-    if command is None:
-        raise Refused(400, f"Unknown command {kind!r}.")
-    try:
-        return command(service, **args)
-    except TypeError:
-        raise Refused(400, f"Malformed {kind} command: {sorted(args)}.") from None
+def carry_out(service: JobService, command: Command) -> Result:
+    """Run one command; `Refused` for a refusal."""
+    if isinstance(command, Deploy):
+        return deploy(service, command.model, command.level)
+    if isinstance(command, Evict):
+        return evict(service, command.model)
+    if isinstance(command, Cancel):
+        return cancel(service, command.job_id)
+    raise Refused(400, f"Unknown command {command!r}.")  # a new kind, not yet carried out

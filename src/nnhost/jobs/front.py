@@ -27,6 +27,7 @@ from ..storage.blocking import run_blocking
 from ..storage.payloads import JobPayloads
 from .bus import EventBus
 from .job import Job, Status
+from .messages import Command, MalformedMessage, Result, parse_command
 from .observer import JobObserver, Observers
 from .store import JobStore
 
@@ -65,8 +66,8 @@ class ControllerLink(Protocol):
     async def cancel(self, job: Job) -> bool:
         """Cancel a job that has not ended; False if it had."""
 
-    async def command(self, kind: str, **args: Any) -> dict[str, Any]:
-        """``deploy`` (model, level) or ``evict`` (model): the controller's answer, or `Refused`."""
+    async def command(self, command: Command) -> Result:
+        """A checked command (`messages.Command`): the controller's result, or `Refused`."""
 
     def board(self) -> dict[str, Any]:
         """What the controller last reported (`board.board`): models, queues, devices."""
@@ -183,4 +184,10 @@ class JobFront:
         return await self.link.cancel(job)
 
     async def command(self, kind: str, **args: Any) -> dict[str, Any]:
-        return await self.link.command(kind, **args)
+        """``deploy`` (model, level) or ``evict`` (model): the controller's answer as JSON data,
+        or `Refused` (400 for a command that is not one, before the controller is asked)."""
+        try:
+            command = parse_command(kind, args)
+        except MalformedMessage as error:
+            raise Refused(400, f"{error}.") from None
+        return (await self.link.command(command)).model_dump()

@@ -20,7 +20,10 @@ the database, the result store and the event bus (for the websockets' updates):
   published for `STALE_AFTER` seconds.
 
 What is read back from the database was written by another process: it is
-checked like any untrusted input before it is used.
+checked like any untrusted input before it is used, in one place for each
+kind (`messages.parse_command` for a command row, `messages.read_answer` for
+its answer). This module moves messages; it must never decide what a command
+does (`controls`) nor speak HTTP.
 """
 
 from __future__ import annotations
@@ -39,6 +42,18 @@ from ..storage.blocking import run_blocking
 from .bus import EventBus
 from .front import Refused
 from .job import Job, Status
+from .messages import (
+    Cancel,
+    Command,
+    Done,
+    MalformedMessage,
+    Refusal,
+    Result,
+    answer_text,
+    command_row,
+    parse_command,
+    read_answer,
+)
 from .service import JobService
 
 log = logging.getLogger("nnhost.relay")
@@ -73,28 +88,25 @@ class InProcessLink:
     async def cancel(self, job: Job) -> bool:
         return self.service.cancel(job)
 
-    async def command(self, kind: str, **args: Any) -> dict[str, Any]:
+    async def command(self, command: Command) -> Result:
         from .controls import carry_out
 
-        return carry_out(self.service, kind, args)
+        return carry_out(self.service, command)
 
     def board(self) -> dict[str, Any]:
         return self._board()
 
 
-def _answer(raw: Optional[str]) -> dict[str, Any]:
+def _answer(raw: str, command: Command) -> Result:
     """A command's answer as the controller wrote it: its result, or `Refused`."""
     try:
-        answer = json.loads(raw or "")
-    except ValueError:
-        answer = None
-    ok = answer.get("ok") if isinstance(answer, dict) else None
-    if isinstance(ok, dict):
-        return ok
-    refused = answer.get("refused") if isinstance(answer, dict) else None
-    if isinstance(refused, list) and len(refused) == 2 and isinstance(refused[0], int):
-        raise Refused(refused[0], str(refused[1]))
-    raise Refused(502, "The controller's answer could not be read.")
+        answer = read_answer(raw, command)
+    except MalformedMessage as error:
+        log.warning("%s", error)
+        raise Refused(502, "The controller's answer could not be read.") from None
+    if isinstance(answer, Refusal):
+        raise Refused(*answer.refused)
+    return answer
 
 
 class DatabaseLink:
@@ -116,18 +128,18 @@ class DatabaseLink:
     async def cancel(self, job: Job) -> bool:
         # Recorded, not awaited: the controller cancels it as soon as it reads the row,
         # and a job that ends first is simply not cancelled.
-        await run_blocking(self._send, "cancel", {"job_id": job.id})
+        await run_blocking(self._send, Cancel(job_id=job.id))
         self._wake()
         return True
 
-    async def command(self, kind: str, **args: Any) -> dict[str, Any]:
-        command_id = await run_blocking(self._send, kind, args)
+    async def command(self, command: Command) -> Result:
+        command_id = await run_blocking(self._send, command)
         self._wake()
         deadline = time.monotonic() + ANSWER_WITHIN
         while time.monotonic() < deadline:
             raw = await run_blocking(self._result, command_id)
             if raw is not None:
-                return _answer(raw)
+                return _answer(raw, command)
             await asyncio.sleep(ANSWER_POLL)
         raise Refused(
             503,
@@ -135,10 +147,11 @@ class DatabaseLink:
             "see /status). The request is kept and is carried out when a controller reads it.",
         )
 
-    def _send(self, kind: str, args: dict[str, Any]) -> int:
+    def _send(self, command: Command) -> int:
+        kind, args = command_row(command)
         with self.database.write() as db:
             result = db.execute(
-                insert(commands).values(kind=kind, args=json.dumps(args), created_at=time.time())
+                insert(commands).values(kind=kind, args=args, created_at=time.time())
             )
             key = result.inserted_primary_key
             assert key is not None  # an INSERT into a table with an integer key always has one
@@ -255,21 +268,20 @@ class Relay:
         with self.database.read() as db:
             pending = list(db.execute(query).mappings())
         for row in pending:
+            answer: Done | Refusal
             try:
-                args = json.loads(row["args"])
-                if not isinstance(args, dict):
-                    raise ValueError("arguments are not an object")
-                answer: dict[str, Any] = {"ok": carry_out(self.service, str(row["kind"]), args)}
+                command = parse_command(row["kind"], row["args"])
+                answer = Done(ok=carry_out(self.service, command).model_dump())
             except Refused as refusal:
-                answer = {"refused": [refusal.code, refusal.detail]}
-            except ValueError as error:
-                answer = {"refused": [400, f"Malformed command: {error}."]}
+                answer = Refusal(refused=(refusal.code, refusal.detail))
+            except MalformedMessage as error:
+                answer = Refusal(refused=(400, f"{error}."))
             except Exception as error:
                 log.exception("command %s (%s) failed", row["id"], row["kind"])
-                answer = {"refused": [500, f"The controller failed to carry it out: {error}."]}
+                answer = Refusal(refused=(500, f"The controller failed to carry it out: {error}."))
             with self.database.write() as db:
                 db.execute(update(commands).where(commands.c.id == row["id"])
-                           .values(done_at=time.time(), result=json.dumps(answer)))
+                           .values(done_at=time.time(), result=answer_text(answer)))
         return len(pending)
 
     def publish(self, board: dict[str, Any]) -> None:
