@@ -148,11 +148,14 @@ def contain_job(
     layer("ipc", lambda: unshare(CLONE_NEWIPC, "ipc namespace"), needs_root=True)
     layer("network", lambda: unshare(CLONE_NEWNET, "network namespace"), needs_root=True)
     layer("filesystem", lambda: _fresh_filesystem(policy, uid), needs_root=True)
-    layer("limits", lambda: _limits(policy, memory_cgroup))
     layer("shared pages", _private_shared_pages)
     layer("heap", _stop_perturbing)
     if settle is not None:
         settle()
+    # After the settling: a GPU's context reserves far more address space and
+    # starts more threads than a job's limits allow, and the limits are set
+    # above what this process already holds (its weights included).
+    layer("limits", lambda: _limits(policy, memory_cgroup))
     layer("identity", lambda: containment.drop_identity(uid, uid), needs_root=True)
     # Last: it refuses the calls the layers above made (unshare, mount).
     layer("system calls", syscall_filter.apply)
