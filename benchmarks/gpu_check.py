@@ -29,6 +29,9 @@ All of it runs once per execution design in ``--executions`` (by default
 each job's process forked from a template without weights, mapping the
 host's by handle), each with a server of its own.
 
+Each step has ``--step-timeout`` seconds: past them the check prints the
+server's log and what each of its processes is doing, and stops that server.
+
 It exits 1 if any parity or escape check fails, 0 otherwise, and 0 with
 "no GPU: skipped" where the device is CUDA and ``torch.cuda.is_available()``
 is false. Programs come from ``tests/parity_programs.py`` (``PROGRAMS``, a
@@ -425,6 +428,48 @@ class Check:
             self.failures.append(name)
 
 
+class Watchdog:
+    """Each step of a design's check has ``seconds``; past them, say what hangs and stop the server.
+
+    An H200 once spent a whole loan on one request that never ended, with
+    nothing printed. Now a step that overruns prints the server's log and what
+    each of its processes is doing (`deployments.stuck`), then stops the server,
+    so the client's call fails and the check goes on to the next design.
+    """
+
+    def __init__(self, seconds: float, server: Any) -> None:
+        import threading
+
+        self.seconds, self.server = seconds, server
+        self.step_name, self.deadline, self.fired = "", float("inf"), False
+        self._done = threading.Event()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def step(self, name: str) -> None:
+        if self.fired:
+            raise RuntimeError(f"the server was stopped: {self.step_name!r} overran {self.seconds:g} s")
+        self.step_name, self.deadline = name, time.monotonic() + self.seconds
+
+    def close(self) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        while not self._done.wait(1.0):
+            if time.monotonic() > self.deadline and not self.fired:
+                self.fired = True
+                print(f"\nTIMEOUT: {self.step_name!r} took over {self.seconds:g} s; the server's log:", flush=True)
+                print(self.server.log_tail(150), flush=True)
+                print("\nwhat each of the server's processes is doing:", flush=True)
+                try:
+                    from nnhost.deployments.stuck import process_snapshot
+
+                    for pid in [self.server.process.pid, *_tree(self.server.process.pid)]:
+                        print("  " + process_snapshot(pid, depth=0), flush=True)
+                except Exception:
+                    traceback.print_exc()
+                self.server.stop()
+
+
 def timed(function: Callable[[], Any], device: str) -> tuple[float, Any]:
     import torch
 
@@ -460,11 +505,13 @@ def check_design(args: Any, execution: str, root: Path, url: str, port: int, hf_
     data_dir = root / f"data-{execution}"
     data_dir.mkdir()
     (data_dir / "nnhost.toml").write_text(
+        f"job_start_timeout = {args.step_timeout / 2:g}\n"
         f'[[model]]\nrepo_id = "{REPO_ID}"\ndevice = "{args.device}"\ndtype = "{dtype}"\n'
     )
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
            "NNHOST_EXECUTION": execution}
     server = ServerProcess([], data_dir=data_dir, hf_home=hf_home, api_key=API_KEY, port=port, env=env)
+    watchdog = Watchdog(args.step_timeout, server)
     try:
         started = time.perf_counter()
         server.start(timeout=args.start_timeout)
@@ -494,6 +541,7 @@ def check_design(args: Any, execution: str, root: Path, url: str, port: int, hf_
         print(f"\nparity: {len(listed)} programs ({source}), remote against local on {args.device}")
         reference = None
         for name, program in listed:
+            watchdog.step(name)
             try:
                 local = to_cpu(program(local_model, False))
             except Exception as error:
@@ -513,6 +561,7 @@ def check_design(args: Any, execution: str, root: Path, url: str, port: int, hf_
             reference = to_cpu(p_logits(local_model, False))
 
         def still_serving(after: str) -> None:
+            watchdog.step(f"after {after}")
             server.wait_running(600)
             problem = same(to_cpu(p_logits(remote_model, url)), reference)
             check.record(f"after {after}: a normal request matches local", problem is None, problem or "")
@@ -520,16 +569,19 @@ def check_design(args: Any, execution: str, root: Path, url: str, port: int, hf_
         print("\nescapes that touch the device")
         for name, escape in (("write into a weight", e_write_into_a_weight),
                              ("zero a weight through .data", e_zero_a_weight_through_data)):
+            watchdog.step(name)
             try:
                 escape(remote_model, url)
                 check.record(f"{name}: refused", False, "the request completed")
             except RemoteError as error:
                 check.record(f"{name}: refused", True, str(error).strip().splitlines()[-1][:120])
             still_serving(name)
+        watchdog.step("uninitialised device memory")
         e_fill_device_memory(remote_model, url)
         found = e_read_uninitialised_memory(remote_model, url)
         check.record("uninitialised device memory after another job filled it is blank",
                      sum(found) == 0, f"{sum(found)} non-zero elements in {len(found)} allocations")
+        watchdog.step("a kept tensor")
         try:
             e_keep_a_tensor(remote_model, url)
         except RemoteError:
@@ -540,6 +592,7 @@ def check_design(args: Any, execution: str, root: Path, url: str, port: int, hf_
         still_serving("the escapes")
 
         print("\ntimings")
+        watchdog.step("timings")
         guard, remote_times, local_times = [], [], []
         for _ in range(args.repeats + 1):
             backend = RemoteBackend(remote_model.to_model_key(), host=url)
@@ -560,6 +613,7 @@ def check_design(args: Any, execution: str, root: Path, url: str, port: int, hf_
 
         admin = Admin(url, API_KEY, REPO_ID)
         levels: dict[str, float] = {}
+        watchdog.step("COLD, WARM and HOT")
         try:
             levels["HOT"], _ = timed(lambda: p_logits(remote_model, url), "cpu")
             admin.evict()
@@ -591,6 +645,7 @@ def check_design(args: Any, execution: str, root: Path, url: str, port: int, hf_
         print(server.log_tail(60))
         check.failures.append(f"the check itself ({execution})")
     finally:
+        watchdog.close()
         server.stop()
 
 
@@ -661,6 +716,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the model: large ~1B, medium ~150M, small (tiny, for the CPU)")
     parser.add_argument("--start-timeout", type=float, default=600,
                         help="seconds a server may take to serve its model before the check gives up on it")
+    parser.add_argument("--step-timeout", type=float, default=240,
+                        help="seconds one step (a program, an escape, the timings) may take before the "
+                        "check prints what hangs and stops that design's server")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on the CPU")
     parser.add_argument("--repeats", type=int, default=5, help="timed small traces per side")
     parser.add_argument("--executions", default="auto,mapped",

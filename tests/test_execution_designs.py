@@ -16,6 +16,7 @@ import time
 
 import pytest
 from conftest import API_KEY, TEST_REPO
+from process_tree import descendants, maps_weights, processes, serving_hosts, templates_of
 
 from nnhost.testing import ServerProcess
 
@@ -33,57 +34,6 @@ def mapped_server(root, server_hf_home, test_snapshot):
     process.stop()
 
 
-def _processes() -> dict[int, tuple[int, str]]:
-    """Every process: its parent and command line."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as file:
-                parent = int(file.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as file:
-                command = file.read().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, ValueError, IndexError):
-            continue
-        found[int(entry)] = (parent, command)
-    return found
-
-
-def _descendants(pid: int, table) -> list[int]:
-    out, frontier = [], [pid]
-    while frontier:
-        current = frontier.pop()
-        children = [p for p, (parent, _) in table.items() if parent == current]
-        out += children
-        frontier += children
-    return out
-
-
-def _serving_hosts(table, tree: list[int]) -> list[int]:
-    """Host processes holding a model (a spare host, prepared for the next one, holds none)."""
-    hosts = []
-    for pid in tree:
-        if "nnhost.execution.host" in table[pid][1]:
-            try:
-                if _maps_weights(pid):
-                    hosts.append(pid)
-            except OSError:
-                pass
-    return hosts
-
-
-def _templates(table, hosts: list[int]) -> list[int]:
-    """Template processes: the hosts' children (a job's process, its fork, shares its command line)."""
-    return [p for p, (parent, command) in table.items()
-            if parent in hosts and "nnhost.execution.template" in command]
-
-
-def _maps_weights(pid: int) -> bool:
-    with open(f"/proc/{pid}/maps") as file:
-        return "nnhost-weights" in file.read()
-
-
 def _job_maps_weights(pid: int, within: float = 10.0) -> "bool | None":
     """Whether a job's process maps the weights once it has bound them; None if it ended first.
 
@@ -94,7 +44,7 @@ def _job_maps_weights(pid: int, within: float = 10.0) -> "bool | None":
     deadline = time.monotonic() + within
     while True:
         try:
-            if _maps_weights(pid):
+            if maps_weights(pid):
                 return True
         except OSError:
             return None
@@ -125,16 +75,16 @@ def test_no_job_runs_in_the_process_that_holds_the_weights(mapped_server, remote
         # While a job is running: look at the whole tree under the server.
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and "table" not in seen:
-            table = _processes()
-            tree = _descendants(mapped_server.process.pid, table)
-            hosts = _serving_hosts(table, tree)
-            templates = _templates(table, hosts)
+            table = processes()
+            tree = descendants(mapped_server.process.pid, table)
+            hosts = serving_hosts(table, tree)
+            templates = templates_of(table, hosts)
             if hosts and templates:
-                jobs = _descendants(templates[0], table)
+                jobs = descendants(templates[0], table)
                 if jobs:
                     seen.update(table=table, host=hosts[0], template=templates[0], jobs=jobs)
-                    seen["host maps"] = _maps_weights(hosts[0])
-                    seen["template maps"] = _maps_weights(templates[0])
+                    seen["host maps"] = maps_weights(hosts[0])
+                    seen["template maps"] = maps_weights(templates[0])
                     seen["jobs map"] = [m for m in map(_job_maps_weights, jobs) if m is not None]
             time.sleep(0.05)
 
@@ -165,9 +115,9 @@ def test_a_dead_template_is_replaced_and_the_model_serves_again(mapped_server, r
     import torch
 
     def templates() -> list[int]:
-        table = _processes()
-        tree = _descendants(mapped_server.process.pid, table)
-        return _templates(table, _serving_hosts(table, tree))
+        table = processes()
+        tree = descendants(mapped_server.process.pid, table)
+        return templates_of(table, serving_hosts(table, tree))
 
     mapped_server.wait_running(60)
     first = templates()
@@ -193,10 +143,10 @@ def test_a_cold_start_takes_a_prepared_spare_host(mapped_server, remote_model, l
     import torch
 
     def hosts():
-        table = _processes()
-        tree = _descendants(mapped_server.process.pid, table)
+        table = processes()
+        tree = descendants(mapped_server.process.pid, table)
         every = [p for p in tree if "nnhost.execution.host" in table[p][1]]
-        return every, _serving_hosts(table, tree)
+        return every, serving_hosts(table, tree)
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(hosts()[0]) < 2:

@@ -202,6 +202,12 @@ class Settings(BaseSettings):
         description="Seconds past the time limit before a worker that ignores the interrupt "
         "is killed.",
     )
+    job_start_timeout: Duration = Field(
+        120.0,
+        gt=0,
+        description="Seconds a replica waits for a job process it asked for to be ready (forked, "
+        "contained, its weights bound) before it reports itself unhealthy.",
+    )
     inline_result_bytes: Size = Field(
         1 * MiB,
         description="Results up to this size ride inline on the websocket; larger ones go by link.",

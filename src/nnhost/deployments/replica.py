@@ -25,6 +25,7 @@ signal follows the thread that forked, not the process).
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import threading
 import time
@@ -43,6 +44,9 @@ from .incidents import Incident
 from .job_watch import JobWatch, LogLines
 from .slots import JobProcesses, Slot
 from .spare_hosts import SPARES, clean_environment, start_host
+from .stuck import process_snapshot
+
+log = logging.getLogger("nnhost.replica")
 
 #: Only these reach the host process's environment (it gets nothing else of the server's).
 HOST_ENVIRONMENT = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "HOME",
@@ -94,6 +98,8 @@ class LocalReplica(JobProcesses):
         self._generation = 0
         self._restart_at: Optional[float] = None
         self._early_deaths = 0
+        #: When a job process was asked for that is not ready yet (None: none is awaited).
+        self._asked_at: Optional[float] = None
         self._groups: Optional[JobGroups] = None
         self._watchdog: Optional[threading.Thread] = None
 
@@ -197,6 +203,7 @@ class LocalReplica(JobProcesses):
         control.send({"type": "options", "options": asdict(self.options)})
         SPARES.keep(env, environ, self.policy.spare_hosts)
         self._generation += 1
+        self._asked_at = None
         self._host, self._control = host, control
         self._kill_reason = None
         self._host_containment = None
@@ -215,6 +222,8 @@ class LocalReplica(JobProcesses):
             pass
 
     def _request_fork(self) -> None:
+        if self._asked_at is None:
+            self._asked_at = time.monotonic()
         self._send_control({"type": "fork", "memory_cgroup": bool(self._groups and self._groups.available)})
 
     def _read_control(self, control: Channel, host: subprocess.Popen[bytes], generation: int) -> None:
@@ -328,6 +337,7 @@ class LocalReplica(JobProcesses):
                     self._restart_at = None
                     if not self._stopping:
                         self._spawn()
+                self._check_start_deadline()
                 slot = self._current
                 if slot is None or slot.job is None or slot.kill_reason:
                     continue
@@ -341,6 +351,32 @@ class LocalReplica(JobProcesses):
                         f"{job.time_limit:g} seconds and did not stop when interrupted, "
                         "so its worker process was killed."
                     ))
+
+    def _check_start_deadline(self) -> None:
+        """A job process asked for and never ready (hung in its set-up) makes the replica unhealthy.
+
+        Without this a job would wait for it for ever, QUEUED, with nothing in
+        any log. What each waiting process was doing goes to the server log.
+        """
+        asked, limit = self._asked_at, self.policy.job_start_timeout
+        if asked is None or self._stopping or self._spare is not None or time.monotonic() - asked <= limit:
+            return
+        if self._state.state is not ReplicaStatus.RUNNING:
+            return
+        self._asked_at = None
+        waiting = [slot for slot in self._slots.values() if not slot.ready and slot.job is None]
+        for slot in waiting:
+            log.error("job process %s of %s is not ready after %.0f s: %s",
+                      slot.pid, self.name, limit, process_snapshot(slot.pid))
+        host = self._host
+        if not waiting and host is not None:
+            log.error("the worker of %s made no job process in %.0f s: %s",
+                      self.name, limit, process_snapshot(host.pid))
+        self._unhealthy(
+            f"No job process was ready {limit:g} s after it was asked for ("
+            + (f"{len(waiting)} forked, none ready" if waiting else "none was forked")
+            + "; job_start_timeout). What each process was doing is in the server log."
+        )
 
     def _containment(self, slot: Optional[Slot] = None) -> Optional[dict[str, Any]]:
         """The layers every job runs under: the host's, a job process's own, the cgroup."""

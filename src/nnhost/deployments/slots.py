@@ -71,6 +71,7 @@ class JobProcesses:
     _stopping: bool
     _generation: int
     _early_deaths: int
+    _asked_at: Optional[float]
     _on_job_event: OnJobEvent
     _on_idle: OnIdle
     _on_incident: OnIncident
@@ -135,6 +136,7 @@ class JobProcesses:
                 ):
                     self._spare = slot
                     self._early_deaths = 0
+                    self._asked_at = None
                     ready = True
                 else:
                     ready = False

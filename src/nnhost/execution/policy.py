@@ -48,6 +48,8 @@ class WorkerPolicy:
     #: Host processes kept prepared for the next cold start (`deployments.spare_hosts`);
     #: read by the replica, which starts them.
     spare_hosts: int = 0
+    #: Seconds a replica waits for a job process it asked for to say it is ready.
+    job_start_timeout: float = 120.0
 
     def design(self, device: str) -> Design:
         """The design for a model whose home is ``device``.
@@ -110,6 +112,7 @@ def policy_from_settings(settings: Any) -> WorkerPolicy:
         test_hooks=bool(getattr(settings, "unsafe_test_hooks", False)),
         execution=str(getattr(settings, "execution", "auto") or "auto"),
         spare_hosts=int(getattr(settings, "spare_hosts", 0) or 0),
+        job_start_timeout=float(getattr(settings, "job_start_timeout", 0) or WorkerPolicy.job_start_timeout),
     )
 
 
