@@ -237,7 +237,8 @@ def release_cached_memory() -> None:
     """Return the CUDA and pinned-host caches' free blocks after a job."""
     import torch
 
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+    # Never is_available() here: it would start the driver in a process that forks (see memory_meter).
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         host_empty = getattr(torch._C, "_host_emptyCache", None)

@@ -42,7 +42,10 @@ class MemoryMeter:
     def __enter__(self) -> "MemoryMeter":
         import torch
 
-        self.cuda = torch.cuda.is_available()
+        # Only where this process already uses a device: asking whether CUDA is
+        # available starts its driver, which no child forked after can use (the
+        # mapped design's template runs this warm-up and then forks every job).
+        self.cuda = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
         if self.cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
