@@ -28,6 +28,7 @@ from .deployments.catalog import Catalog
 from .deployments.manager import DeploymentManager
 from .jobs.board import board
 from .jobs.bus import EventBus
+from .jobs.inbox import Inbox
 from .jobs.lease import RENEW_EVERY, Lease
 from .jobs.observer import JobObserver
 from .jobs.relay import Relay
@@ -126,15 +127,17 @@ def build_controller(
     from .app import memory_budgets, replica_factory, worker_environ
 
     loop = asyncio.get_running_loop()
+    # Built in dependency order. The manager and the fetcher report to the inbox,
+    # which the job service is connected to once it exists; the manager asks the
+    # scheduler (built first) whether a deployment has work.
+    inbox = Inbox()
     scheduler = Scheduler()
-    service: JobService  # bound below, before any of these callbacks can run
-
     deployments = DeploymentManager(
         catalog,
         loop=loop,
-        on_job_event=lambda name, event: service.on_job_event(name, event),
-        on_change=lambda name: service.on_change(name),
-        has_work=lambda name: service.has_work(name),
+        on_job_event=inbox.job_event,
+        on_change=inbox.changed,
+        has_work=scheduler.has_work,
         worker_environ=worker_environ(settings, catalog),
         # On a cluster, room is per node, from what Ray reports (deployments.nodes).
         budgets=memory_budgets(settings, catalog) if not settings.cluster else {},
@@ -143,22 +146,24 @@ def build_controller(
         kill_grace=settings.kill_grace,
         scale_down_after=settings.scale_down_after,
     )
-    service = JobService(settings, store, bus, scheduler, deployments, payloads, results,
-                         observers=observers)
+    on_demand = None
     if catalog.allowed:
         from .deployments.downloader import HubDownloader
         from .deployments.on_demand import OnDemand
 
-        service.on_demand = OnDemand(
+        on_demand = OnDemand(
             deployments,
             HubDownloader(settings.hf_home),
             loop=loop,
             budget=settings.download_budget,
             margin=settings.memory_margin,
-            on_progress=lambda name: service.pump(name),
-            on_ready=lambda name: service.on_change(name),
-            on_failed=lambda name, reason: service.fetch_failed(name, reason),
+            on_progress=inbox.fetch_progress,
+            on_ready=inbox.changed,
+            on_failed=inbox.fetch_failed,
         )
+    service = JobService(settings, store, bus, scheduler, deployments, payloads, results,
+                         observers=observers, on_demand=on_demand)
+    inbox.connect(service)
     return Controller(settings, deployments, scheduler, service, recent)
 
 

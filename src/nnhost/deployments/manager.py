@@ -134,7 +134,7 @@ class Deployment:
         return self.target
 
 
-class DeploymentManager(Scaling):
+class DeploymentManager:
     def __init__(
         self,
         catalog: Catalog,
@@ -150,7 +150,6 @@ class DeploymentManager(Scaling):
         kill_grace: float = 10.0,
         scale_down_after: float = 300.0,
     ) -> None:
-        self.scale_down_after = scale_down_after
         self.catalog = catalog
         self._make_replica = replica_factory
         self._loop = loop
@@ -164,8 +163,11 @@ class DeploymentManager(Scaling):
         self.nodes = NodeRoom(replica_factory) if isinstance(replica_factory, PlacesOnNodes) else None
         self.budgets = {} if self.nodes else dict(budgets)
         self.deployments: dict[str, Deployment] = {spec.name: Deployment(spec) for spec in catalog}
-        #: When each replica last became free (for scaling down).
-        self._idle_since: dict[Replica, float] = {}
+        #: Grows a deployment whose queue waited, shrinks one idle beyond its minimum.
+        self.scaling = Scaling(
+            self.deployments, make_replica=self._replica, retire=self._retire,
+            fits_another=self._fits_another, has_work=has_work, scale_down_after=scale_down_after,
+        )
 
     # -- callbacks from replica threads ------------------------------------------
 
@@ -192,13 +194,21 @@ class DeploymentManager(Scaling):
             options,
             on_job_event=lambda event: self._hop(self._on_job_event, spec.name, event),
             on_state=lambda state: self._replica_state(spec.name, state),
-            on_idle=lambda: self._hop(self._note_idle, spec.name, made[0]),
+            on_idle=lambda: self._hop(self._idle, spec.name, made[0]),
             kill_grace=self._kill_grace,
             on_incident=deployment.tally.note,
             needs=spec.hot_shares(),
         )
         made.append(replica)
         return replica
+
+    def _idle(self, name: str, replica: Replica) -> None:
+        self.scaling.idle(replica)
+        self._on_change(name)
+
+    def _retire(self, replica: Replica) -> None:
+        """Stop a replica off the loop (a stop waits for its process)."""
+        self._loop.run_in_executor(None, replica.stop)
 
     def _replica_state(self, name: str, state: ReplicaState) -> None:
         # Called from the replica's side (a thread, or Ray's): an operator
@@ -304,6 +314,16 @@ class DeploymentManager(Scaling):
                 evicted.append(f"{victim.name} (now {to})")
         return f"evicted {', '.join(evicted)}" if evicted else ""
 
+    def _fits_another(self, deployment: Deployment) -> bool:
+        """Whether one more replica of ``deployment`` fits beside what is placed."""
+        if self.nodes is not None:
+            return self.nodes.fits(self, deployment, extra=True)
+        for device, share in deployment.spec.hot_shares().items():
+            budget = self.budget(device)
+            if budget is not None and self.used(device) + share > budget:
+                return False
+        return True
+
     def short_device(self, wanted: Deployment, level: Level) -> Optional[str]:
         """The first device ``wanted`` does not fit on at ``level``, if any."""
         if self.nodes is not None:
@@ -390,8 +410,16 @@ class DeploymentManager(Scaling):
         if replica is None:
             raise RuntimeError(f"no idle replica of {name}")
         deployment.last_used = time.time()
-        self._note_busy(replica)
+        self.scaling.busy(replica)
         replica.submit(spec)
+
+    def grow(self, name: str, waiting: int) -> Optional[str]:
+        """Start one more replica of ``name`` if jobs wait and it may and fits (`scaling`)."""
+        return self.scaling.grow(name, waiting)
+
+    def shrink(self, now: Optional[float] = None) -> list[str]:
+        """Stop extra replicas idle long enough (`scaling`); their names."""
+        return self.scaling.shrink(now)
 
     def cancel(self, name: str, job_id: str) -> bool:
         return any(replica.cancel(job_id) for replica in self.deployments[name].replicas)

@@ -1,10 +1,11 @@
 """Storing a finished job's result, then announcing it: the job service's COMPLETED path.
 
-Split from `service` so the lifecycle reads on its own. `Completion` is a part
-of `JobService` (it uses the service's settings, store and result store) and
-runs on the same event loop. The worker's file is committed to the result
-store before anything is announced, and the size checked is the one the store
-holds. Storing is one blocking step (`_store_result`) that the result store's
+Split from `service` so the lifecycle reads on its own. `Completion` is a
+collaborator the job service holds: it is given the settings, the job store,
+the result store, the `recorder.Recorder` and the service's ``finished``
+(which releases what the service keeps per job), and runs on the same event
+loop. The worker's file is committed to the result store before anything is
+announced, and the size checked is the one the store holds. Storing is one blocking step (`_store_result`) that the result store's
 loop side runs where its I/O belongs (`AsyncResultStore.run_then`): in place
 for a local directory (a rename, done as the event arrives), in a thread for
 S3, the job recorded when it returns.
@@ -16,41 +17,44 @@ import asyncio
 import logging
 import time
 from functools import cached_property, partial
-from typing import TYPE_CHECKING, Any, Optional, Unpack
+from typing import Any, Callable, Optional
 
+from ..config import Settings
+from ..storage.results import AsyncResultStore, ResultStore
 from ..units import format_size
 from .job import Job, Status
-
-if TYPE_CHECKING:
-    from ..config import Settings
-    from ..storage.results import AsyncResultStore, ResultStore
-    from .store import Changes, JobStore
+from .recorder import Recorder
+from .store import JobStore
 
 log = logging.getLogger("nnhost.jobs")
 #: What storing a result came to: (stored size, bytes to send inline, whether it failed).
 Outcome = tuple[Optional[int], Optional[bytes], bool]
+#: What the job service does once a job of a deployment has ended (``finished(name, job_id)``).
+Finished = Callable[[str, str], None]
 
 
 class Completion:
-    # What it uses of `JobService` (which sets them), declared so each part is checked alone.
-    settings: Settings
-    store: JobStore
-    results: ResultStore
-    _storing: dict[str, asyncio.Task[None]]
-
-    if TYPE_CHECKING:
-        def _record(
-            self, job_id: str, status: Status, description: str,
-            inline: Optional[bytes] = None, **fields: Unpack[Changes],
-        ) -> Job: ...
-
-        def _finished(self, name: str, job_id: str, ran: bool = True) -> None: ...
+    def __init__(
+        self, settings: Settings, store: JobStore, results: ResultStore,
+        recorder: Recorder, finished: Finished,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.results = results
+        self._recorder = recorder
+        self._finished = finished
+        #: Results being committed to a remote store, by job id (see `complete`).
+        self._storing: dict[str, asyncio.Task[None]] = {}
 
     @cached_property
     def _results_on_loop(self) -> AsyncResultStore:
         return self.results.on_loop()
 
-    def _complete(
+    def storing(self, job_id: str) -> bool:
+        """Whether ``job_id`` finished and its result is being stored (it will be recorded)."""
+        return job_id in self._storing
+
+    def complete(
         self, name: str, job: Job, description: str, meta: Optional[dict[str, Any]]
     ) -> None:
         """COMPLETED: commit the worker's file to the result store, then record and announce.
@@ -102,22 +106,22 @@ class Completion:
         limit = self.settings.max_result_bytes
         # The size the store holds, not the one reported: the report is the worker's word.
         if failed:
-            self._record(job_id, Status.ERROR, (
+            self._recorder.record(job_id, Status.ERROR, (
                 "Your request completed but its result could not be stored on this server. "
                 "Please resubmit it; if this keeps happening, tell the operator."
             ), meta=meta)
         elif size is None:
-            self._record(job_id, Status.ERROR, (
+            self._recorder.record(job_id, Status.ERROR, (
                 "The worker reported a result but none was written. Please resubmit "
                 "your request."
             ), meta=meta)
         elif limit and size > limit:
-            self._record(job_id, Status.ERROR, (
+            self._recorder.record(job_id, Status.ERROR, (
                 f"Your request's result ({format_size(size)}) is larger than this server "
                 f"keeps ({format_size(limit)}). Save less, or smaller values."
             ), meta=meta)
         else:
-            self._record(
+            self._recorder.record(
                 job_id, Status.COMPLETED, description, meta=meta, result_size=size,
                 result_expires_at=time.time() + self.settings.result_retention, inline=data,
             )

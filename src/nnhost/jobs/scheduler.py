@@ -173,6 +173,10 @@ class Scheduler:
     def waiting(self, deployment: str) -> int:
         return len(self.queue(deployment))
 
+    def has_work(self, deployment: str) -> bool:
+        """Whether jobs wait for ``deployment`` (then it must not be demoted or shrunk)."""
+        return self.waiting(deployment) > 0
+
     def mean_runtime(self, deployment: str) -> float:
         return self.queue(deployment).mean_runtime
 

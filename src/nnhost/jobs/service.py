@@ -7,7 +7,9 @@ checked (a replica runs user code, so its events are untrusted: see
 `intake`), recorded and then pushed to the job's websocket session. A
 COMPLETED result is committed to the result store first (`Completion`), and
 announced with the size the store holds. A job no replica finishes in time is
-failed by `Upkeep.sweep_stuck`. It runs on the controller's
+failed by `Upkeep.sweep_stuck`. Both are collaborators it builds and holds,
+given exactly what they use, and every status is written through one
+`recorder.Recorder`. It runs on the controller's
 event loop only (the deployment manager hops replica callbacks onto it), so it
 needs no locks. It knows nothing of HTTP: what it publishes are `update.JobUpdate`
 facts, which the API process holding the websocket frames for the client.
@@ -15,7 +17,6 @@ facts, which the API process holding the websocket frames for the client.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Callable, Iterable, Optional, Union, Unpack
 
@@ -27,18 +28,19 @@ from ..models.adapters import UnknownAdapter, check_adapter
 from ..storage.payloads import JobPayloads
 from ..storage.results import ResultStore
 from .bus import EventBus
+from .completion import Completion
 from .intake import LogBudget, check_event, clean_text, event_job_id
 from .job import Job, Status
-from .observer import JobObserver, Observers
+from .observer import JobObserver
+from .recorder import Recorder
 from .scheduler import Scheduler
 from .store import Changes, JobStore
-from .update import JobUpdate
 from .upkeep import Upkeep
 
 log = logging.getLogger("nnhost.jobs")
 
 
-class JobService(Upkeep):
+class JobService:
     def __init__(
         self,
         settings: Settings,
@@ -49,34 +51,38 @@ class JobService(Upkeep):
         payloads: JobPayloads,
         results: ResultStore,
         observers: Iterable[JobObserver] = (),
+        on_demand: Optional[OnDemand] = None,
     ) -> None:
         self.settings = settings
-        #: Told of every recorded change (metrics); never of LOG lines.
-        self.observers = Observers(observers)
         self.store = store
         self.bus = bus
         self.scheduler = scheduler
         self.deployments = deployments
         self.payloads = payloads
         self.results = results
-        #: Results being committed to a remote store, by job id (see `_complete`).
-        self._storing: dict[str, asyncio.Task[None]] = {}
-        #: When `sweep_results` last looked for stored results the database forgot.
-        self._orphans_swept = 0.0
+        #: Writes every change, notes it to the observers (metrics; never LOG lines), publishes it.
+        self.recorder = Recorder(store, bus, observers)
+        #: Commits a COMPLETED job's result to the result store before it is announced.
+        self.completion = Completion(settings, store, results, self.recorder, self._finished)
+        #: Recovery after a restart, the graceful drain, and the periodic sweeps.
+        self.upkeep = Upkeep(
+            settings, store, scheduler, deployments, payloads, results,
+            recorder=self.recorder, completion=self.completion,
+            finished=self._finished, take_on_demand=self.take_on_demand,
+        )
         #: Set on graceful shutdown: nothing new is dispatched.
         self.draining = False
         #: Whether this process may still act as the controller (its lease is fresh):
         #: when it is not, nothing is dispatched, so a controller that stalled past
         #: its lease cannot hand out a job its successor also hands out.
         self.may_act: Callable[[], bool] = lambda: True
-        self._requeued: set[str] = set()
         #: What each waiting job was last told (its status, and its description near the
         #: head of the queue or its band of 25 further back), so unchanged news is not re-sent.
         self._announced: dict[str, tuple[Status, Union[str, int]]] = {}
         #: What each running job has printed so far, against the per-job caps.
         self.log_budget = LogBudget(settings.max_log_lines, settings.max_log_bytes)
-        #: Fetches models ``[[allow]]`` permits (set by the controller when any are allowed).
-        self.on_demand: Optional[OnDemand] = None
+        #: Fetches models ``[[allow]]`` permits (given by the controller when any are allowed).
+        self.on_demand = on_demand
 
     # -- accepting -------------------------------------------------------------
 
@@ -103,7 +109,7 @@ class JobService(Upkeep):
 
     def has_work(self, name: str) -> bool:
         """Whether a deployment has jobs queued for it (it must not be evicted)."""
-        return self.scheduler.waiting(name) > 0
+        return self.scheduler.has_work(name)
 
     def pump(self, name: str, now: Optional[float] = None) -> None:
         """Bring the deployment up if jobs wait for it, then hand them to idle replicas."""
@@ -251,7 +257,7 @@ class JobService(Upkeep):
 
     def _take_event(self, name: str, event: JobEvent) -> None:
         job_id = event_job_id(event)
-        if job_id is not None and job_id in self._requeued:
+        if job_id is not None and job_id in self.upkeep.requeued:
             return  # stopped by a graceful shutdown and already back in the queue
         if job_id is not None and event.status == Status.LOG.value and self.log_budget.spent(job_id):
             return  # past its budget: dropped before it costs a database read
@@ -266,10 +272,10 @@ class JobService(Upkeep):
         if status is Status.LOG:
             for line in self.log_budget.admit(job.id, description):
                 self.store.add_log(job.id, line)
-                self._publish(job, Status.LOG, line)
+                self.recorder.publish(job, Status.LOG, line)
             return
         if status is Status.COMPLETED:
-            self._complete(name, job, description, event.meta)
+            self.completion.complete(name, job, description, event.meta)
             return
         self._record(job.id, status, description, meta=event.meta)
         if status.final:
@@ -308,30 +314,34 @@ class JobService(Upkeep):
         self._record(job.id, Status.ERROR, "Your request was cancelled.")
         return True
 
-    # -- recording and announcing ------------------------------------------------
+    # -- upkeep (`upkeep.Upkeep`) ---------------------------------------------------
+
+    def recover(self) -> list[str]:
+        """After a restart or a takeover: requeue what had not started, fail what may have run;
+        the ids of the jobs put back in the queue."""
+        return self.upkeep.recover()
+
+    async def drain(self, grace: float) -> None:
+        """Graceful shutdown: stop dispatching, let running jobs finish, requeue the rest."""
+        self.draining = True
+        await self.upkeep.drain(grace)
+
+    async def sweep_results(self, now: Optional[float] = None) -> int:
+        """Delete results and LOG lines past their retention; returns how many results."""
+        return await self.upkeep.sweep_results(now)
+
+    def sweep_stuck(self, now: Optional[float] = None) -> int:
+        """Fail jobs a replica holds past the time limit plus the kill grace; returns how many."""
+        return self.upkeep.sweep_stuck(now)
+
+    async def settled(self) -> None:
+        """Wait until no result is being stored (before a shutdown requeues jobs; in tests)."""
+        await self.completion.settled()
+
+    # -- recording -----------------------------------------------------------------
 
     def _record(
         self, job_id: str, status: Status, description: str,
         inline: Optional[bytes] = None, **fields: Unpack[Changes],
     ) -> Job:
-        job = self.store.transition(job_id, status, description, **fields)
-        self._noted(job)
-        self._publish(job, status, description, inline)
-        return job
-
-    def _noted(self, job: Job) -> None:
-        self.observers.noted(job)
-
-    def _publish(
-        self, job: Job, status: Status, description: str, inline: Optional[bytes] = None
-    ) -> None:
-        """Push an update to the job's session (its API process frames it for the client)."""
-        if not job.session_id:
-            return
-        update = JobUpdate(
-            job_id=job.id, status=status.value, description=description, meta=job.meta,
-            base_url=job.base_url,
-            result_expires_at=job.result_expires_at if status is Status.COMPLETED else None,
-            inline=inline if status is Status.COMPLETED else None,
-        )
-        self.bus.publish(job.session_id, update.encode())
+        return self.recorder.record(job_id, status, description, inline, **fields)

@@ -1,10 +1,11 @@
 """The job service's upkeep: after a restart, before a shutdown, and on a timer.
 
 Split from `service` so the lifecycle of one job reads on its own. `Upkeep`
-is a part of `JobService` (it uses the service's store, scheduler, payloads,
-result store and deployments) and builds on `Completion` (a shutdown waits
-for results being stored) and runs on the same event loop. It must never
-run a job twice: a job that may already have run is failed, not requeued,
+is a collaborator the job service holds: it is given the stores, the
+scheduler, the deployments, the `recorder.Recorder`, the service's
+``finished`` and ``take_on_demand``, and the `completion.Completion` (a
+shutdown waits for results being stored; the sweep spares a job whose result
+is), and runs on the same event loop. It must never run a job twice: a job that may already have run is failed, not requeued,
 unless the server itself stopped it before it could finish.
 """
 
@@ -13,18 +14,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import Callable, Optional
 
+from ..config import Settings
+from ..deployments.manager import DeploymentManager
 from ..storage.blocking import run_blocking
+from ..storage.payloads import JobPayloads
+from ..storage.results import ResultStore
 from ..units import format_duration
-from .completion import Completion
+from .completion import Completion, Finished
 from .intake import LIVE_STATUSES
 from .job import Job, Status
-
-if TYPE_CHECKING:
-    from ..deployments.manager import DeploymentManager
-    from ..storage.payloads import JobPayloads
-    from .scheduler import Scheduler
+from .recorder import Recorder
+from .scheduler import Scheduler
+from .store import JobStore
 
 log = logging.getLogger("nnhost.jobs")
 #: Seconds past the time limit and kill grace before a silent job is failed.
@@ -33,19 +36,36 @@ STUCK_MARGIN = 15.0
 ORPHAN_SWEEP_SECONDS = 3600.0
 
 
-class Upkeep(Completion):
-    # What it uses of `JobService` beyond `Completion`'s (which declares the settings,
-    # stores and `_record`), declared so each part is checked alone.
-    scheduler: Scheduler
-    deployments: DeploymentManager
-    payloads: JobPayloads
-    draining: bool
-    _requeued: set[str]
-    _orphans_swept: float
-
-    def take_on_demand(self, job: Job) -> bool:
-        """Whether ``job``'s model, not yet a deployment, was taken on by ``[[allow]]``."""
-        raise NotImplementedError  # JobService's
+class Upkeep:
+    def __init__(
+        self,
+        settings: Settings,
+        store: JobStore,
+        scheduler: Scheduler,
+        deployments: DeploymentManager,
+        payloads: JobPayloads,
+        results: ResultStore,
+        *,
+        recorder: Recorder,
+        completion: Completion,
+        finished: Finished,
+        take_on_demand: Callable[[Job], bool],
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.scheduler = scheduler
+        self.deployments = deployments
+        self.payloads = payloads
+        self.results = results
+        self._recorder = recorder
+        self._completion = completion
+        self._finished = finished
+        self._take_on_demand = take_on_demand
+        #: Jobs a graceful shutdown stopped and put back in the queue: what their
+        #: replicas still report of them is not recorded (the job service asks).
+        self.requeued: set[str] = set()
+        #: When `sweep_results` last looked for stored results the database forgot.
+        self._orphans_swept = 0.0
 
     def recover(self) -> list[str]:
         """After a restart or a takeover: requeue what had not started, fail what may have run.
@@ -58,36 +78,36 @@ class Upkeep(Completion):
             name = job.deployment
             if job.status is Status.RUNNING or job.started_at is not None:
                 reason = "The server restarted while your request was running."
-            elif name not in self.deployments.deployments and not self.take_on_demand(job):
+            elif name not in self.deployments.deployments and not self._take_on_demand(job):
                 reason = f"The server restarted and no longer serves {name}."
             elif not self.payloads.exists(job.id):
                 reason = "The server restarted and your request's payload was lost."
             else:
                 if job.status is Status.DISPATCHED:
-                    self._record(job.id, Status.QUEUED, "Requeued after a server restart.")
+                    self._recorder.record(job.id, Status.QUEUED, "Requeued after a server restart.")
                 self.scheduler.enqueue(name, job.user_id, job.id, priority=job.priority)
                 requeued.append(job.id)
                 continue
             # Never run twice what may already have run: the user decides.
-            self._record(job.id, Status.ERROR, f"{reason} Please resubmit it.")
+            self._recorder.record(job.id, Status.ERROR, f"{reason} Please resubmit it.")
             self.payloads.delete(job.id)
         return requeued
 
     async def drain(self, grace: float) -> None:
-        """Graceful shutdown: stop dispatching, let running jobs finish, requeue the rest."""
-        self.draining = True
+        """Graceful shutdown: let running jobs finish, requeue the rest (the job service
+        has stopped dispatching)."""
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(
             d.busy for d in self.deployments.deployments.values()
         ):
             await asyncio.sleep(0.1)
         # A job whose result is being uploaded has finished: let it be recorded.
-        await self.settled()
+        await self._completion.settled()
         for job in self.store.with_status((Status.DISPATCHED, Status.RUNNING)):
             # Stopped before it could finish: it never completed, so it runs again
             # after the restart (back in the queue, it loses its started stamp).
-            self._requeued.add(job.id)
-            self._record(
+            self.requeued.add(job.id)
+            self._recorder.record(
                 job.id, Status.QUEUED, "The server is restarting; your request will run again."
             )
 
@@ -142,11 +162,11 @@ class Upkeep(Completion):
         allowed = self.settings.time_limit + self.settings.kill_grace + STUCK_MARGIN
         failed = 0
         for job in self.store.with_status(LIVE_STATUSES):
-            if job.id in self._requeued or now - job.updated_at <= allowed:
+            if job.id in self.requeued or now - job.updated_at <= allowed:
                 continue
-            if job.id in self._storing:
+            if self._completion.storing(job.id):
                 continue  # it finished; its result is being uploaded, and will be recorded
-            self._record(
+            self._recorder.record(
                 job.id,
                 Status.ERROR,
                 f"Your request was stopped: it stayed {job.status.value} for "
