@@ -13,6 +13,7 @@ import json
 import pytest
 
 from nnhost.jobs.messages import (
+    Board,
     Cancel,
     Deploy,
     Deployed,
@@ -120,4 +121,58 @@ def test_an_answer_is_the_commands_result_or_a_refusal():
 def test_a_malformed_answer_is_refused_saying_why(raw, says):
     with pytest.raises(MalformedMessage) as refused:
         read_answer(raw, Deploy(model="org/a"))
+    assert says in str(refused.value)
+
+
+def model_entry(**fields) -> dict:
+    entry = {
+        "name": "org/a", "repo_id": "org/a", "level": "HOT", "target": "HOT", "state": "RUNNING",
+        "replicas": {"total": 1, "running": 1, "configured": 1, "most": 1, "by_state": {"RUNNING": 1}},
+        "queued": 0, "running": 0, "incidents": {}, "containment": None, "description": "",
+        "note": "",
+    }
+    return {**entry, **fields}
+
+
+def test_a_board_survives_its_publication_key_for_key():
+    board = Board.of({
+        "models": [model_entry()],
+        "devices": {"cpu": {"budget_bytes": 1 << 30, "used_bytes": 0}},
+        "nodes": {"n1": {"address": "10.0.0.1", "budget_bytes": 8, "used_bytes": 0, "cpus": 4.0,
+                         "cpus_used": 1, "gpus": 0, "gpus_used": 0, "replicas": []}},
+        "per_minute": [{"completed": 1, "errors": 0}],
+    })
+    read = Board.read(board.text())
+    assert read == board and not read.stale
+    # A key the controller did not give is not served as null (the recent-jobs medians).
+    assert "median_wait_seconds" not in read.model_dump()["models"][0]
+    with_medians = Board.of({"models": [model_entry(median_wait_seconds=None, median_run_seconds=1,
+                                                    completed=1, errors=0)]})
+    served = Board.read(with_medians.text()).model_dump()["models"][0]
+    assert served["median_wait_seconds"] is None and served["median_run_seconds"] == 1
+    # In the order the pages have always had them: the medians after the incidents.
+    assert list(served) == [
+        "name", "repo_id", "level", "target", "state", "replicas", "queued", "running",
+        "incidents", "median_wait_seconds", "median_run_seconds", "completed", "errors",
+        "containment", "description", "note",
+    ]
+    # Numbers stay as measured: an int is not served as a float, nor a float as an int.
+    node = read.model_dump()["nodes"]["n1"]
+    assert node["cpus"] == 4.0 and isinstance(node["cpus"], float) and isinstance(node["cpus_used"], int)
+
+
+@pytest.mark.parametrize("raw, says", [
+    ("{not json", "Invalid JSON"),
+    ("[]", "should be an object"),
+    (json.dumps({"models": [{"name": "org/a"}]}), "models.0.repo_id"),
+    (json.dumps({"models": [model_entry(queued="many")]}), "models.0.queued"),
+    (json.dumps({"models": [model_entry(owner="ada@example.org")]}), "models.0.owner"),
+    (json.dumps({"devices": {"cpu": {"budget_bytes": 1}}}), "devices.cpu.used_bytes"),
+    (json.dumps({"deployments": {"org/a": {"deployment": "org/a"}}}), "deployments.org/a"),
+    (json.dumps({"per_minute": [{"completed": 1}]}), "per_minute.0.errors"),
+    (json.dumps({"draining": "no"}), "draining"),
+])
+def test_a_malformed_board_is_refused_saying_why(raw, says):
+    with pytest.raises(MalformedMessage, match="board is malformed") as refused:
+        Board.read(raw)
     assert says in str(refused.value)

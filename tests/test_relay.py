@@ -17,9 +17,11 @@ from test_service_inprocess import ADA, World, spec
 
 from nnhost.db import connect
 from nnhost.db.tables import commands
+from nnhost.jobs.board import board
 from nnhost.jobs.front import JobFront, Refused, Submission
 from nnhost.jobs.job import Status
 from nnhost.jobs.lease import Lease
+from nnhost.jobs.messages import MalformedMessage
 from nnhost.jobs.relay import DatabaseLink, Relay, read_board
 from nnhost.storage.blobs import BlobDir
 from nnhost.storage.payloads import DatabasePayloads
@@ -64,7 +66,7 @@ class Split:
         self.front = JobFront(world.store, world.bus, DatabasePayloads(
             database, BlobDir(tmp_path / "api-spool", ".payload")), world.catalog,
             link=DatabaseLink(database))
-        self.relay = Relay(world.jobs, database, lambda: {"models": [], "note": "from the controller"})
+        self.relay = Relay(world.jobs, database, lambda: board(world.jobs))
 
     async def submit(self, name: str) -> str:
         key = next(s for s in self.world.catalog if s.name == name).model_key()
@@ -163,15 +165,38 @@ def test_api_processes_see_the_published_board_and_when_it_goes_stale(tmp_path):
     async def body():
         world = await World(tmp_path, [spec("org/a")]).start()
         split = Split(world, tmp_path)
-        assert read_board(world.connection)["stale"]  # nothing published yet
-        split.relay.publish({"models": [{"name": "org/a"}], "deployments": {}, "devices": {}})
-        board = read_board(world.connection)
-        assert not board["stale"] and board["models"] == [{"name": "org/a"}]
+        assert read_board(world.connection).stale  # nothing published yet
+        split.relay.publish(board(world.jobs))
+        published = read_board(world.connection)
+        assert not published.stale and [model.name for model in published.models] == ["org/a"]
         with world.connection.write() as db:
             from nnhost.db.tables import shared_values
 
             db.execute(update(shared_values).values(updated_at=time.time() - 60))
-        assert read_board(world.connection)["stale"]
+        assert read_board(world.connection).stale
+
+    asyncio.run(body())
+
+
+def test_a_board_that_cannot_be_read_is_shown_as_stale_and_none_is_published(tmp_path, caplog):
+    async def body():
+        world = await World(tmp_path, [spec("org/a")]).start()
+        split = Split(world, tmp_path)
+        split.relay.publish(board(world.jobs))
+        from nnhost.db.tables import shared_values
+
+        forged = json.loads(read_board(world.connection).text())
+        forged["models"][0]["queued"] = "many"
+        forged["devices"] = {"cpu": {"budget_bytes": 1}}
+        for value in ("{not json", "[]", json.dumps(forged)):
+            with world.connection.write() as db:
+                db.execute(update(shared_values).values(value=value, updated_at=time.time()))
+            shown = read_board(world.connection)
+            assert shown.stale and shown.models == [] and shown.deployments == {}
+        assert "models.0.queued" in caplog.text and "devices.cpu.used_bytes" in caplog.text
+        # The controller refuses to publish a board that is not one.
+        with pytest.raises(MalformedMessage, match="models.0"):
+            split.relay.publish({"models": [{"name": "org/a"}]})
 
     asyncio.run(body())
 

@@ -55,13 +55,14 @@ async def ping() -> str:
 @router.get("/status")
 async def status(request: Request) -> dict[str, Any]:
     board = server_of(request).jobs.board()
-    status = {"deployments": board["deployments"], "devices": board["devices"]}
-    if "nodes" in board:
-        status["nodes"] = board["nodes"]  # on a cluster: memory per node (deployments.nodes)
-    if board.get("stale"):
+    status = board.model_dump(include={"deployments", "devices"})
+    if board.nodes is not None:
+        # On a cluster: memory per node (deployments.nodes).
+        status["nodes"] = board.model_dump(include={"nodes"})["nodes"]
+    if board.stale:
         # No controller has reported lately (API processes without one): say so.
         status["controller"] = {"reporting": False,
-                                "last_report_seconds_ago": board.get("published_seconds_ago")}
+                                "last_report_seconds_ago": board.published_seconds_ago}
     return status
 
 

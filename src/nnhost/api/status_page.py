@@ -32,19 +32,19 @@ STARTED = time.time()
 
 def overview(server: Server) -> dict[str, Any]:
     """The controller's board (`jobs.board`), with the service's state and this page's clock."""
-    data = server.jobs.board()
-    models = data.get("models", [])
-    if data.get("draining"):
+    board = server.jobs.board()
+    if board.draining:
         state = "draining"
-    elif data.get("stale") or any(m["state"] == ReplicaStatus.UNHEALTHY for m in models):
+    elif board.stale or any(m.state == ReplicaStatus.UNHEALTHY for m in board.models):
         state = "degraded"
     else:
         state = "serving"
+    shown = board.model_dump(include={"models", "per_minute"})
     return {
         "service": {"state": state, "uptime_seconds": round(time.time() - STARTED, 1),
-                    "models": len(models)},
-        "models": models,
-        "per_minute": data.get("per_minute", []),
+                    "models": len(board.models)},
+        "models": shown["models"],
+        "per_minute": shown["per_minute"],
         "generated_at": time.time(),
     }
 

@@ -1,11 +1,16 @@
-"""What the controller reports: every model's state, queues and memory, as plain data.
+"""What the controller reports: every model's state, queues and memory, as one typed value.
 
 One function makes the picture that ``/status``, the status page, the
 operator page and ``/metrics``' state gauges all show, so they agree with each
 other and look the same on every API process: with ``role = "all"`` it is
 computed on each read; a separate controller publishes it to the database
-(`relay.Relay`) about once a second and API processes read that. It is JSON
-data (no objects), and holds nothing of any user's: no job ids, no emails.
+(`relay.Relay`) about once a second and API processes read that.
+
+`build` makes a `messages.Board` (the model declares every key and its
+type); `board` returns its JSON data, which is what the composition root
+hands to the links (`relay`), and each link checks it back into a `Board`
+when it reads it, exactly as a published one is checked. It must hold
+nothing of any user's: no job ids, no emails.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from ..deployments.contract import ReplicaStatus
 from ..deployments.manager import Deployment
 from ..deployments.nodes import memory_report
 from ..deployments.report import status_entries
+from .messages import Board, Containment, Device, Minute, ModelEntry, NodeRoom, Replicas, StatusEntry
 from .service import JobService
 
 #: Per model, what the recent-jobs history adds (median wait and run, counts).
@@ -33,17 +39,17 @@ def _state(deployment: Deployment) -> str:
     return ReplicaStatus.NOT_STARTED.value
 
 
-def _containment(deployment: Deployment) -> Optional[dict[str, Any]]:
+def _containment(deployment: Deployment) -> Optional[Containment]:
     for replica in deployment.replicas:
         report = replica.health().containment
         if report:
-            return {
-                "enabled": bool(report.get("enabled", True)),
-                "mode": report.get("mode", ""),
-                "execution": report.get("execution", ""),
-                "active": list(report.get("active", [])),
-                "unavailable": dict(report.get("unavailable", {})),
-            }
+            return Containment(
+                enabled=bool(report.get("enabled", True)),
+                mode=report.get("mode", ""),
+                execution=report.get("execution", ""),
+                active=list(report.get("active", [])),
+                unavailable=dict(report.get("unavailable", {})),
+            )
     return None
 
 
@@ -55,8 +61,8 @@ def _description(deployment: Deployment) -> str:
     return deployment.note
 
 
-def board(service: JobService, summaries: Optional[Summaries] = None,
-          per_minute: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
+def build(service: JobService, summaries: Optional[Summaries] = None,
+          per_minute: Optional[list[dict[str, Any]]] = None) -> Board:
     manager, scheduler = service.deployments, service.scheduler
     models = []
     for name, deployment in manager.deployments.items():
@@ -64,32 +70,40 @@ def board(service: JobService, summaries: Optional[Summaries] = None,
         counts: dict[str, int] = {}
         for state in states:
             counts[state.value] = counts.get(state.value, 0) + 1
-        models.append({
-            "name": name,
-            "repo_id": deployment.spec.repo_id,
-            "level": str(deployment.level),
-            "target": str(deployment.target),
-            "state": _state(deployment),
-            "replicas": {"total": len(states), "running": states.count(ReplicaStatus.RUNNING),
-                         "configured": deployment.count, "most": deployment.spec.most_replicas,
-                         "by_state": counts},
-            "queued": scheduler.waiting(name),
-            "running": sum(1 for replica in deployment.replicas if replica.busy),
-            "incidents": {kind.value: count for kind, count in deployment.tally.counts().items()},
+        models.append(ModelEntry(
+            name=name,
+            repo_id=deployment.spec.repo_id,
+            level=str(deployment.level),
+            target=str(deployment.target),
+            state=_state(deployment),
+            replicas=Replicas(total=len(states), running=states.count(ReplicaStatus.RUNNING),
+                              configured=deployment.count, most=deployment.spec.most_replicas,
+                              by_state=counts),
+            queued=scheduler.waiting(name),
+            running=sum(1 for replica in deployment.replicas if replica.busy),
+            incidents={kind.value: count for kind, count in deployment.tally.counts().items()},
             **(summaries(name) if summaries else {}),
-            "containment": _containment(deployment),
-            "description": _description(deployment),
-            "note": deployment.note,
-        })
-    status = status_entries(manager)
-    for entry in status.values():
-        entry["queued"] = scheduler.waiting(entry["deployment"])
-    return {
-        "draining": service.draining,
-        "models": models,
-        "deployments": status,
-        # this machine's budgets; on a cluster the nodes' sum, and "nodes", each node's own
-        **memory_report(manager),
-        "per_minute": per_minute or [],
-        "generated_at": time.time(),
-    }
+            containment=_containment(deployment),
+            description=_description(deployment),
+            note=deployment.note,
+        ))
+    entries = {name: StatusEntry(**entry, queued=scheduler.waiting(entry["deployment"]))
+               for name, entry in status_entries(manager).items()}
+    # this machine's budgets; on a cluster the nodes' sum, and "nodes", each node's own
+    memory = memory_report(manager)
+    nodes = memory.get("nodes")
+    return Board(
+        draining=service.draining,
+        models=models,
+        deployments=entries,
+        devices={device: Device(**use) for device, use in memory["devices"].items()},
+        nodes=None if nodes is None else {node: NodeRoom(**room) for node, room in nodes.items()},
+        per_minute=[Minute(**minute) for minute in per_minute or []],
+        generated_at=time.time(),
+    )
+
+
+def board(service: JobService, summaries: Optional[Summaries] = None,
+          per_minute: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
+    """`build`'s board as JSON data, for the links to check and read (`relay`)."""
+    return build(service, summaries, per_minute).model_dump()

@@ -27,7 +27,7 @@ from ..storage.blocking import run_blocking
 from ..storage.payloads import JobPayloads
 from .bus import EventBus
 from .job import Job, Status
-from .messages import Command, MalformedMessage, Result, parse_command
+from .messages import Board, Command, MalformedMessage, Result, parse_command
 from .observer import JobObserver, Observers
 from .store import JobStore
 
@@ -69,7 +69,7 @@ class ControllerLink(Protocol):
     async def command(self, command: Command) -> Result:
         """A checked command (`messages.Command`): the controller's result, or `Refused`."""
 
-    def board(self) -> dict[str, Any]:
+    def board(self) -> Board:
         """What the controller last reported (`board.board`): models, queues, devices."""
 
 
@@ -173,7 +173,7 @@ class JobFront:
     async def with_status(self, statuses: Iterable[Status]) -> list[Job]:
         return await run_blocking(self.store.with_status, list(statuses))
 
-    def board(self) -> dict[str, Any]:
+    def board(self) -> Board:
         return self.link.board()
 
     # -- asking the controller ---------------------------------------------------

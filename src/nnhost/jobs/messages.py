@@ -13,6 +13,10 @@ shape, not a dictionary each side checks its own way:
 - `Answer` is what the controller wrote: ``{"ok": <result>}`` with the
   command's own result type, or ``{"refused": [code, detail]}``. An API
   process reads it with `read_answer`.
+- `Board` is what the controller reports (`board`): every model's state,
+  queue and memory, which ``/status``, the status page, the operator page
+  and ``/metrics`` show. Its JSON is what those serve, key for key; an API
+  process reads a published one with `Board.read`.
 
 What is read was written by another process: these are untrusted, and a
 malformed one is refused with `MalformedMessage` (a `ValueError`) saying
@@ -25,7 +29,15 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, ClassVar, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    ValidationError,
+    model_serializer,
+)
 
 from .update import JobId
 
@@ -167,3 +179,161 @@ def read_answer(raw: Optional[str], command: Command) -> Union[Result, Refusal]:
         raise MalformedMessage(
             f"The controller's answer to {command.type} is malformed: {problems(error)}"
         ) from None
+
+
+# -- the board -----------------------------------------------------------------------------
+
+#: A count or an amount as it was measured: an int stays an int and a float a float, so
+#: the JSON served is the JSON measured (a Ray node's CPUs are floats, a budget is bytes).
+Number = Union[int, float]
+
+
+class _Given(_Message):
+    """An entry whose optional keys are in its JSON only when they were given.
+
+    The dictionaries these replace had some keys only sometimes (a replica's
+    pid, the recent-jobs medians), and ``/status`` and the pages serve them as
+    they were: a key that was not given is left out, not written as null.
+    """
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        return {key: value for key, value in data.items() if key in self.model_fields_set}
+
+
+class Replicas(_Message):
+    """How many replicas a model has, wants and may have, and in which states."""
+
+    total: int
+    running: int
+    configured: int
+    most: int
+    by_state: dict[str, int]
+
+
+class Containment(_Message):
+    """The containment layers a model's jobs run under, as the status page lists them."""
+
+    enabled: bool
+    mode: str
+    execution: str
+    active: list[str]
+    unavailable: dict[str, str]
+
+
+class ModelEntry(_Given):
+    """One model on the status page, the operator page and ``/metrics``."""
+
+    name: str
+    repo_id: str
+    level: str
+    target: str
+    state: str
+    replicas: Replicas
+    queued: int
+    running: int
+    #: Containment incidents by kind (`deployments.incidents`), worker restarts included.
+    incidents: dict[str, int]
+    # The last hour's jobs (`telemetry.recent`), when the controller keeps that history.
+    median_wait_seconds: Optional[Number] = None
+    median_run_seconds: Optional[Number] = None
+    completed: Optional[int] = None
+    errors: Optional[int] = None
+    containment: Optional[Containment]
+    description: str
+    note: str
+
+
+class StatusEntry(_Given):
+    """One replica in ``/status``'s ``deployments`` (one COLD entry for a model without any).
+
+    The keys are the nnsight client's (``nnsight.status()``), built by
+    `deployments.report`; the board adds ``queued``.
+    """
+
+    deployment: str
+    model_key: str
+    repo_id: str
+    revision: str
+    task: Optional[str]
+    trust_remote_code: bool
+    device: str
+    devices: list[str]
+    size_bytes: Optional[int]
+    note: str
+    deployment_level: str
+    application_state: str
+    description: Optional[str] = None
+    busy: bool
+    pid: Optional[int] = None
+    #: The replica's own containment report, as it gave it.
+    containment: Optional[dict[str, Any]] = None
+    queued: Optional[int] = None
+
+
+class Device(_Message):
+    """A device's memory budget and what models placed there hold."""
+
+    budget_bytes: Number
+    used_bytes: Number
+
+
+class NodeRoom(_Message):
+    """A Ray node in ``/status``'s ``nodes``: what it offers and what replicas hold there."""
+
+    address: str
+    budget_bytes: Number
+    used_bytes: Number
+    cpus: Number
+    cpus_used: Number
+    gpus: Number
+    gpus_used: Number
+    replicas: list[str]
+
+
+class Minute(_Message):
+    """Jobs that ended in one minute."""
+
+    completed: int
+    errors: int
+
+
+class Board(_Message):
+    """What the controller reports: every model's state, queues and memory, as one value.
+
+    It holds nothing of any user's: no job ids, no emails. ``stale`` and
+    ``published_seconds_ago`` are the reader's (`relay.read_board`), never
+    the controller's: they say how old a published board is.
+    """
+
+    draining: bool = False
+    models: list[ModelEntry] = []
+    deployments: dict[str, StatusEntry] = {}
+    #: This machine's budgets; on a cluster the nodes' sum (each node's own is in ``nodes``).
+    devices: dict[str, Device] = {}
+    nodes: Optional[dict[str, NodeRoom]] = None
+    per_minute: list[Minute] = []
+    generated_at: float = 0.0
+    stale: bool = False
+    published_seconds_ago: Optional[float] = None
+
+    def text(self) -> str:
+        """The board as the controller publishes it (without the reader's fields)."""
+        return self.model_dump_json(exclude={"stale", "published_seconds_ago"})
+
+    @classmethod
+    def read(cls, raw: Union[str, bytes]) -> "Board":
+        """A published board; `MalformedMessage` saying what is wrong with one that is not."""
+        try:
+            return cls.model_validate_json(raw)
+        except ValidationError as error:
+            raise MalformedMessage(f"The controller's board is malformed: {problems(error)}") from None
+
+    @classmethod
+    def of(cls, data: dict[str, Any]) -> "Board":
+        """The board of the JSON data `board.board` returns; `MalformedMessage` if it is not one."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as error:
+            raise MalformedMessage(f"The controller's board is malformed: {problems(error)}") from None

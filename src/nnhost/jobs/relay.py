@@ -17,19 +17,19 @@ the database, the result store and the event bus (for the websockets' updates):
   out by the next.
 - The controller publishes its board (`board`) every `PUBLISH_EVERY` seconds;
   an API process reads it, and marks it stale when no controller has
-  published for `STALE_AFTER` seconds.
+  published for `STALE_AFTER` seconds (or what it published cannot be read).
 
 What is read back from the database was written by another process: it is
 checked like any untrusted input before it is used, in one place for each
 kind (`messages.parse_command` for a command row, `messages.read_answer` for
-its answer). This module moves messages; it must never decide what a command
+its answer, `messages.Board.read` for the board; in one process the board is
+checked the same way, `messages.Board.of`). This module moves messages; it must never decide what a command
 does (`controls`) nor speak HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any, Callable, Optional
@@ -43,6 +43,7 @@ from .bus import EventBus
 from .front import Refused
 from .job import Job, Status
 from .messages import (
+    Board,
     Cancel,
     Command,
     Done,
@@ -76,6 +77,7 @@ class InProcessLink:
 
     def __init__(self, service: JobService, board: Callable[[], dict[str, Any]]) -> None:
         self.service = service
+        #: The controller's board as JSON data (`board.board`).
         self._board = board
 
     def accepted(self, job: Job) -> None:
@@ -93,8 +95,8 @@ class InProcessLink:
 
         return carry_out(self.service, command)
 
-    def board(self) -> dict[str, Any]:
-        return self._board()
+    def board(self) -> Board:
+        return Board.of(self._board())
 
 
 def _answer(raw: str, command: Command) -> Result:
@@ -115,7 +117,7 @@ class DatabaseLink:
     def __init__(self, database: Database, bus: Optional[EventBus] = None) -> None:
         self.database = database
         self.bus = bus
-        self._board: Optional[dict[str, Any]] = None
+        self._board: Optional[Board] = None
         self._board_read = 0.0
 
     def _wake(self) -> None:
@@ -163,35 +165,31 @@ class DatabaseLink:
         with self.database.read() as db:
             return db.execute(query).scalar()
 
-    def board(self) -> dict[str, Any]:
+    def board(self) -> Board:
         now = time.monotonic()
         if self._board is None or now - self._board_read > PUBLISH_EVERY / 2:
             self._board, self._board_read = read_board(self.database), now
         return self._board
 
 
-def read_board(database: Database) -> dict[str, Any]:
-    """The board the controller last published; ``stale`` when it is old or missing."""
+def read_board(database: Database) -> Board:
+    """The board the controller last published; ``stale`` when it is old, missing or unreadable."""
     query = select(shared_values.c.value, shared_values.c.updated_at).where(
         shared_values.c.name == BOARD
     )
     with database.read() as db:
         row = db.execute(query).first()
-    board: dict[str, Any] = {}
+    board, readable = Board(), False
     if row is not None:
         try:
-            board = json.loads(row[0])
-        except ValueError:
-            board = {}
-    if not isinstance(board, dict):
-        board = {}
+            board, readable = Board.read(row[0]), True
+        except MalformedMessage as error:
+            log.warning("%s; shown as stale until one can be read", error)
     age = time.time() - row[1] if row is not None else None
-    board.setdefault("models", [])
-    board.setdefault("deployments", {})
-    board.setdefault("devices", {})
-    board["stale"] = age is None or age > STALE_AFTER
-    board["published_seconds_ago"] = None if age is None else round(age, 1)
-    return board
+    return board.model_copy(update={
+        "stale": not readable or age is None or age > STALE_AFTER,
+        "published_seconds_ago": None if age is None else round(age, 1),
+    })
 
 
 class Relay:
@@ -285,8 +283,10 @@ class Relay:
         return len(pending)
 
     def publish(self, board: dict[str, Any]) -> None:
+        """Publish ``board`` (`board.board`'s JSON data), checked first: a malformed one
+        raises `MalformedMessage` here rather than in every API process that reads it."""
         now = time.time()
-        value = json.dumps(board, default=str)
+        value = Board.of(board).text()
         with self.database.write() as db:
             done = db.execute(update(shared_values).where(shared_values.c.name == BOARD)
                               .values(value=value, updated_at=now))

@@ -19,7 +19,7 @@ job ids, emails or keys), so cardinality stays bounded by the catalog.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -29,6 +29,7 @@ from prometheus_client.metrics_core import Metric
 from ..deployments.incidents import Incident
 from ..deployments.manager import COLD, HOT, WARM
 from ..jobs.job import Job, Status
+from ..jobs.messages import Board
 from .recent import RecentJobs
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
@@ -101,7 +102,7 @@ class JobMetrics:
 class _StateCollector:
     """What the server is doing right now, read at each scrape from the controller's board."""
 
-    def __init__(self, board: Callable[[], dict[str, Any]], sessions: Callable[[], int]) -> None:
+    def __init__(self, board: Callable[[], Board], sessions: Callable[[], int]) -> None:
         self._board = board
         self._sessions = sessions
 
@@ -128,15 +129,15 @@ class _StateCollector:
             "Jobs stopped by containment: protocol violations, memory and time limits, crashes.",
             labels=["model", "kind"],
         )
-        for model in board.get("models", []):
-            name = model["name"]
-            queue.add_metric([name], model["queued"])
-            running.add_metric([name], model["running"])
+        for model in board.models:
+            name = model.name
+            queue.add_metric([name], model.queued)
+            running.add_metric([name], model.running)
             for each in (HOT, WARM, COLD):
-                level.add_metric([name, each], 1.0 if model["level"] == each else 0.0)
-            for state, count in sorted(model["replicas"]["by_state"].items()):
+                level.add_metric([name, each], 1.0 if model.level == each else 0.0)
+            for state, count in sorted(model.replicas.by_state.items()):
                 replicas.add_metric([name, state], count)
-            counts = dict(model["incidents"])
+            counts = dict(model.incidents)
             restarts.add_metric([name], counts.pop(Incident.WORKER_RESTART.value, 0))
             for kind, count in counts.items():
                 faults.add_metric([name, kind], count)
@@ -145,9 +146,9 @@ class _StateCollector:
             "Memory per device: the budget, and what models placed there hold.",
             labels=["device", "kind"],
         )
-        for device, use in board.get("devices", {}).items():
-            memory.add_metric([device, "budget"], use["budget_bytes"])
-            memory.add_metric([device, "used"], use["used_bytes"])
+        for device, use in board.devices.items():
+            memory.add_metric([device, "budget"], use.budget_bytes)
+            memory.add_metric([device, "used"], use.used_bytes)
         sessions = GaugeMetricFamily("nnhost_websocket_sessions", "Open client websocket sessions.")
         sessions.add_metric([], self._sessions())
         yield from (queue, running, level, replicas, restarts, faults, memory, sessions)
@@ -162,7 +163,7 @@ class Metrics:
     """
 
     def __init__(
-        self, board: Callable[[], dict[str, Any]], sessions: Callable[[], int], models: Iterable[str]
+        self, board: Callable[[], Board], sessions: Callable[[], int], models: Iterable[str]
     ) -> None:
         self.registry = CollectorRegistry()
         self.jobs = JobMetrics(self.registry, models)
