@@ -14,6 +14,7 @@ import pytest
 import torch
 from fakes import FakeFleet
 
+from nnhost.config import ModelEntry
 from nnhost.deployments.catalog import Catalog, ModelSpec
 from nnhost.deployments.manager import COLD, HOT, WARM, CannotFit, DeploymentManager
 from nnhost.deployments.sizing import QUANTIZATION_BYTES, device_shares, tensor_bytes
@@ -22,16 +23,16 @@ MiB = 1 << 20
 
 
 def test_catalog_load_options_reach_the_loader_kwargs():
-    spec = ModelSpec.from_table({
+    spec = ModelEntry(**{
         "repo_id": "org/big", "dtype": "bfloat16", "quantization": "NF4",
         "device_map": {"transformer.h.0": "cuda:0", "transformer.h.1": "cuda:1", "lm_head": 1},
-    })
+    }).spec()
     kwargs = spec.worker_load_kwargs()
     assert kwargs["dtype"] == "nf4" and kwargs["compute_dtype"] == "bfloat16"
     assert kwargs["device_map"] == {"transformer.h.0": 0, "transformer.h.1": 1, "lm_head": 1}
-    auto = ModelSpec.from_table({"repo_id": "org/x", "device_map": "auto", "devices": ["cuda:0", "cuda:1"]})
+    auto = ModelEntry(**{"repo_id": "org/x", "device_map": "auto", "devices": ["cuda:0", "cuda:1"]}).spec()
     assert auto.worker_load_kwargs() == {"device_map": "auto"}
-    assert ModelSpec.from_table({"repo_id": "org/y", "dtype": "float16"}).worker_load_kwargs() == {"dtype": "float16"}
+    assert ModelEntry(**{"repo_id": "org/y", "dtype": "float16"}).spec().worker_load_kwargs() == {"dtype": "float16"}
 
 
 @pytest.mark.parametrize("table, complaint", [
@@ -43,7 +44,7 @@ def test_catalog_load_options_reach_the_loader_kwargs():
 ])
 def test_bad_load_options_are_refused_with_what_to_write(table, complaint):
     with pytest.raises(ValueError, match=complaint):
-        ModelSpec.from_table({"repo_id": "org/bad", **table})
+        ModelEntry(**{"repo_id": "org/bad", **table})
 
 
 def test_quantization_widths_match_nnsight():
@@ -73,10 +74,10 @@ def test_nnsight_loads_with_the_catalog_options(test_snapshot, server_hf_home, m
     from nnsight.modeling.mixins.remotable import Remotable
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    spec = ModelSpec.from_table({
+    spec = ModelEntry(**{
         "repo_id": str(test_snapshot), "dtype": "bfloat16",
         "device_map": {"transformer": "cpu", "lm_head": "cpu"},
-    })
+    }).spec()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = Remotable.from_model_key(spec.model_key(), dispatch=True, **spec.worker_load_kwargs())

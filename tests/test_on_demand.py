@@ -302,7 +302,7 @@ def test_after_a_restart_a_fetched_model_is_served_from_disk(downstream, upstrea
 @pytest.mark.parametrize("table, words", [
     ('repo_id = "org/*"', "needs a max_size"),
     ('repo_id = "org/*"\nmax_size = "lots"', "lots"),
-    ('repo_id = "org/*"\nmax_size = "1GB"\nsize = 3', "unknown keys ['size']"),
+    ('repo_id = "org/*"\nmax_size = "1GB"\nsize = 3', "[[allow]] 'org/*': unknown key 'size'"),
     ('max_size = "1GB"', "needs a repo_id"),
     ('repo_id = "org/*"\nmax_size = "1GB"\ndtype = "nf4"', "write quantization"),
 ])

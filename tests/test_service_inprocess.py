@@ -17,7 +17,7 @@ import pytest
 from fakes import FakeFleet
 
 from nnhost.auth.keys import Principal
-from nnhost.config import Settings
+from nnhost.config import ModelEntry, Settings
 from nnhost.deployments.catalog import Catalog, ModelSpec
 from nnhost.deployments.contract import Level, ReplicaStatus
 from nnhost.deployments.incidents import Incident
@@ -354,7 +354,7 @@ def test_a_model_grows_while_jobs_wait_and_shrinks_back_when_idle(tmp_path):
 
 def test_max_replicas_below_replicas_is_refused():
     with pytest.raises(ValueError, match="max_replicas must be at least replicas"):
-        ModelSpec.from_table({"repo_id": "org/a", "replicas": 2, "max_replicas": 1})
+        ModelEntry(repo_id="org/a", replicas=2, max_replicas=1)
 
 
 def test_a_replica_is_asked_for_what_it_holds_on_each_device():

@@ -31,7 +31,7 @@ from .auth.accounts import Accounts
 from .auth.keys import LOCAL_ADMIN_EMAIL, KeyStore
 from .config import Settings
 from .db import connect
-from .deployments.catalog import AllowRule, Catalog, ModelSpec
+from .deployments.catalog import Catalog, ModelSpec
 from .deployments.contract import ReplicaFactory
 from .deployments.replica import LocalReplica
 from .jobs.bus import EventBus, LocalEventBus
@@ -87,7 +87,7 @@ def build_catalog(settings: Settings, extra: Sequence[ModelSpec] = ()) -> Catalo
     Each model's size is read from its checkpoint's headers (never its weights)
     when it is in the cache, plus the configured margin.
     """
-    specs = [ModelSpec.from_table(dict(table)) for table in settings.catalog]
+    specs = [entry.spec() for entry in settings.catalog]
     for spec in extra:
         if not any(s.name == spec.name for s in specs):
             specs.append(spec)
@@ -100,7 +100,7 @@ def build_catalog(settings: Settings, extra: Sequence[ModelSpec] = ()) -> Catalo
         snapshot = find_snapshot(spec.repo_id, spec.revision, settings.hf_home)
         if snapshot is not None and spec.size_bytes is None:
             spec.measure(snapshot, settings.memory_margin)
-    allowed = [AllowRule.from_table(dict(table)) for table in settings.allow]
+    allowed = [entry.rule() for entry in settings.allow]
     for rule in allowed:
         if rule.trust_remote_code and not settings.allow_trust_remote_code:
             raise ValueError(

@@ -43,7 +43,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .config_errors import ENV_PREFIX, Origins, SettingConflict, describe, unknown_environment
-from .deployments.catalog import TRANSFORMERS_CLASS, ModelSpec
+from .deployments.catalog import TRANSFORMERS_CLASS, AllowRule, ModelKey, ModelSpec
 from .execution.sandbox_rules import DEFAULT_ALLOWED_IMPORTS
 from .units import parse_duration, parse_size
 
@@ -128,7 +128,8 @@ class ModelEntry(BaseModel):
         None, description="The dtype weights are held in; with quantization, the compute dtype."
     )
     device: str = Field("cpu", description='Where a HOT replica holds its weights: "cpu", "cuda:1"...')
-    device_map: Union[str, dict[str, Union[str, int]], None] = Field(
+    # Values are checked by `ModelSpec.check_load_options`, whose message says what to write.
+    device_map: Union[str, dict[str, Any], None] = Field(
         None, description='Spread over GPUs: "auto", "balanced", "sequential" or {module = device}.'
     )
     devices: list[Union[str, int]] = Field(
@@ -158,6 +159,35 @@ class ModelEntry(BaseModel):
     def spec(self) -> ModelSpec:
         """A fresh `ModelSpec` for this entry (the server fills in its sizes)."""
         return ModelSpec(**self.model_dump())
+
+
+class AllowEntry(BaseModel):
+    """One ``[[allow]]`` table of nnhost.toml: models fetched from the Hub on first request.
+
+    A key that is not a field below is refused, naming the key and the table.
+    The server matches requests against the `deployments.catalog.AllowRule`
+    each entry makes (`rule`); the entry itself is never changed.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    repo_id: str = Field(min_length=1, description='A repo-id pattern (fnmatch): "org/*", "*".')
+    max_size: Size = Field(gt=0, description='Largest weights accepted, as held in dtype: "2GB".')
+    dtype: Optional[str] = Field(None, description="The dtype weights are held in.")
+    device: str = Field("cpu", description="Where a HOT replica holds its weights.")
+    task: str = Field("text-generation", description="The task used when a client's key names none.")
+    model_class: str = Field(TRANSFORMERS_CLASS, description="The nnsight class it loads as.")
+    trust_remote_code: bool = Field(
+        False, description="Let a matching key ask for the repository's own code (needs allow_trust_remote_code)."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AllowEntry:
+        self.rule().spec(ModelKey(self.model_class, "org/name")).check_load_options()
+        return self
+
+    def rule(self) -> AllowRule:
+        return AllowRule(**self.model_dump())
 
 
 class Settings(BaseSettings):
@@ -246,7 +276,7 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Models from nnhost.toml's [[model]] tables (load options per model).",
     )
-    allow: Annotated[list[dict[str, Any]], BeforeValidator(_json)] = Field(
+    allow: Annotated[list[AllowEntry], BeforeValidator(_json)] = Field(
         default_factory=list,
         description="Models fetched from the Hub (HF_ENDPOINT, HF_TOKEN) on first request, from "
         "nnhost.toml's [[allow]] tables (repo-id pattern, max_size, dtype, device).",
@@ -403,15 +433,6 @@ class Settings(BaseSettings):
         except InvalidVersion:
             raise ValueError("not a version; use one like 0.8.0 or 0.9.0rc1") from None
         return value
-
-    @field_validator("allow")
-    @classmethod
-    def _allowed(cls, tables: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        from .deployments.catalog import AllowRule
-
-        for table in tables:
-            AllowRule.from_table(dict(table))  # raises, naming the table and the key
-        return tables
 
     @field_validator("limits")
     @classmethod
@@ -598,7 +619,8 @@ def load_settings(overrides: Mapping[str, Any], config_file: Optional[Path] = No
         where = Origins(flags, environ, toml, path)
         raise SettingsError(
             "\n".join(
-                describe(item, where, Settings.model_fields, ModelEntry.model_fields)
+                describe(item, where, Settings.model_fields,
+                         {"catalog": ModelEntry.model_fields, "allow": AllowEntry.model_fields})
                 for item in error.errors()
             )
         ) from None

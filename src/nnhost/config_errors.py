@@ -134,38 +134,48 @@ def _reason(error: ErrorDetails) -> str:
     return f"not accepted; use {ACCEPTED.get(kind, error.get('msg', 'another value'))}"
 
 
-def _model_entry(
-    error: ErrorDetails, location: list[str], origin: Origins, model_keys: Iterable[str]
-) -> str:
-    """One line for an error inside a ``[[model]]`` table, naming the table and the key."""
-    where = f"(in {origin('catalog')})"
+#: The settings that hold TOML tables of their own, as nnhost.toml names them.
+TABLES = {"catalog": "[[model]]", "allow": "[[allow]]"}
+#: What a missing key's example value looks like, where one helps.
+EXAMPLES = {"max_size": '"2GB"'}
+
+
+def _table_entry(error: ErrorDetails, location: list[str], origin: Origins, keys: Iterable[str]) -> str:
+    """One line for an error inside a ``[[model]]`` or ``[[allow]]`` table, naming the table and the key."""
+    setting = location[0]
+    table_name = TABLES[setting]
+    where = f"(in {origin(setting)})"
     kind = error.get("type", "")
-    table = origin.entry("catalog", int(location[1]))
+    table = origin.entry(setting, int(location[1]))
     name = table.get("repo_id") if isinstance(table, dict) else None
-    entry = f"[[model]] {name!r}" if name else f"[[model]] number {int(location[1]) + 1}"
+    entry = f"{table_name} {name!r}" if name else f"{table_name} number {int(location[1]) + 1}"
     if len(location) == 2:
         if kind in ("model_type", "model_attributes_type", "dict_type"):
-            return f"each [[model]] must be a table with a repo_id {where}"
+            return f"each {table_name} must be a table with a repo_id {where}"
         return f"{_reason(error)} {where}"  # the reason names the model
     key = ".".join(location[2:])
     if kind == "extra_forbidden":
-        known = sorted(model_keys)
+        known = sorted(keys)
         guess = difflib.get_close_matches(key, known, n=1)
         hint = f"; did you mean {guess[0]!r}?" if guess else ""
         return (
             f"{entry}: unknown key {key!r}{hint} (known: {', '.join(known)}) {where}"
         )
-    if kind == "missing" and key == "repo_id":
-        return f"every [[model]] needs a repo_id {where}"
+    if kind == "missing":
+        if key == "repo_id":
+            return f"every {table_name} needs a repo_id {where}"
+        example = f", e.g. {EXAMPLES[key]}" if key in EXAMPLES else ""
+        return f"{entry} needs a {key}{example} {where}"
     return f"{entry}: {key} = {error.get('input')!r}: {_reason(error)} {where}"
 
 
 def describe(
-    error: ErrorDetails, origin: Origins, fields: Iterable[str], model_keys: Iterable[str] = ()
+    error: ErrorDetails, origin: Origins, fields: Iterable[str], table_keys: Mapping[str, Iterable[str]]
 ) -> str:
     """One line for one pydantic error: the key, the value, where it came from, what is accepted.
 
-    ``fields`` are the settings' names, ``model_keys`` the keys a ``[[model]]`` table takes.
+    ``fields`` are the settings' names; ``table_keys`` the keys each table setting
+    (`TABLES`: ``catalog`` for ``[[model]]``, ``allow`` for ``[[allow]]``) takes.
     """
     location = [str(part) for part in error.get("loc", ())]
     key = location[0] if location else "?"
@@ -186,8 +196,8 @@ def describe(
             f"unknown setting {key!r} = {value!r} (in {origin(key)}); {hint}"
             "the settings are listed in README's Configuration table"
         )
-    if key == "catalog" and len(location) >= 2:
-        return _model_entry(error, location, origin, model_keys)
+    if key in TABLES and len(location) >= 2:
+        return _table_entry(error, location, origin, table_keys.get(key, ()))
     accepted = _reason(error)
     if key in ("catalog", "limits"):
         # The reason already names the table ([limits.tag]).

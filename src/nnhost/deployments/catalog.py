@@ -105,30 +105,6 @@ class ModelSpec:
     def most_replicas(self) -> int:
         return max(self.replicas, self.max_replicas or self.replicas)
 
-    @classmethod
-    def from_table(cls, table: dict[str, Any]) -> "ModelSpec":
-        """An entry of ``[[model]]`` in nnhost.toml."""
-        known = {"repo_id", "revision", "task", "model_class", "trust_remote_code", "dtype",
-                 "device", "replicas", "max_replicas", "deploy", "load_kwargs", "device_map",
-                 "devices", "quantization"}
-        unknown = set(table) - known
-        if unknown:
-            raise ValueError(
-                f"[[model]] {table.get('repo_id')!r}: unknown keys {sorted(unknown)}; "
-                f"known: {', '.join(sorted(known))}"
-            )
-        if "repo_id" not in table:
-            raise ValueError("every [[model]] needs a repo_id")
-        spec = cls(**table)
-        if spec.deploy not in ("hot", "warm", "cold"):
-            raise ValueError(f"{spec.repo_id}: deploy must be hot, warm or cold")
-        if spec.replicas < 1:
-            raise ValueError(f"{spec.repo_id}: replicas must be at least 1")
-        if spec.max_replicas is not None and spec.max_replicas < spec.replicas:
-            raise ValueError(f"{spec.repo_id}: max_replicas must be at least replicas ({spec.replicas})")
-        spec.check_load_options()
-        return spec
-
     def measure(self, snapshot: Path, margin: float) -> None:
         """Set ``size_bytes`` and ``shares`` from the checkpoint's headers, plus ``margin``."""
         from .sizing import device_shares, tensor_bytes
@@ -257,28 +233,6 @@ class AllowRule:
     model_class: str = TRANSFORMERS_CLASS
     #: Let a matching key ask for the repository's own code. Never by default.
     trust_remote_code: bool = False
-
-    @classmethod
-    def from_table(cls, table: dict[str, Any]) -> "AllowRule":
-        """An entry of ``[[allow]]`` in nnhost.toml (its ``max_size`` parsed by `units.parse_size`)."""
-        from ..units import parse_size
-
-        known = {"repo_id", "max_size", "dtype", "device", "task", "model_class", "trust_remote_code"}
-        unknown = set(table) - known
-        if unknown:
-            raise ValueError(
-                f"[[allow]] {table.get('repo_id')!r}: unknown keys {sorted(unknown)}; "
-                f"known: {', '.join(sorted(known))}"
-            )
-        if not isinstance(table.get("repo_id"), str) or not table["repo_id"]:
-            raise ValueError("every [[allow]] needs a repo_id pattern, e.g. \"org/*\"")
-        if "max_size" not in table:
-            raise ValueError(f"[[allow]] {table['repo_id']!r} needs a max_size, e.g. \"2GB\"")
-        rule = cls(**{**table, "max_size": parse_size(table["max_size"])})
-        if rule.max_size <= 0:
-            raise ValueError(f"[[allow]] {rule.repo_id!r}: max_size must be more than 0")
-        rule.spec(ModelKey(rule.model_class, "org/name")).check_load_options()
-        return rule
 
     def matches(self, key: ModelKey) -> bool:
         return (
