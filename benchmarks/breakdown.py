@@ -45,13 +45,14 @@ import warnings
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
+from common import PROMPT, client_models
+
 # At module level: FastAPI reads the floor's handlers' annotations (strings, under
 # `from __future__ import annotations`) in this module's globals.
 from fastapi import Form, UploadFile, WebSocket, WebSocketDisconnect
 
 REPO_ID = "nnhost-bench/breakdown-tiny"
 API_KEY = "nnh_bench_" + "d" * 40
-PROMPT = "The Eiffel Tower is in the city of"
 WARMUP = 3
 
 # Stages in order along the critical path; each is the time between two stamps.
@@ -402,21 +403,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             ).start()
         floor.wait()
 
-        import nnsight
         import torch
         import websocket
-        from nnsight import LanguageModel
 
         # A server that never answers fails the run instead of hanging it.
         websocket.setdefaulttimeout(120)
 
-        nnsight.CONFIG.APP.REMOTE_LOGGING = False
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = LanguageModel(REPO_ID)
-            local = LanguageModel(str(snapshot), dispatch=True)
-        with local.trace(PROMPT):
-            expected = local.lm_head.output[:, -1].save()
+        model, _, expected = client_models(REPO_ID, snapshot)
 
         urls = {"floor": floor.url, **{d: s.url for d, s in servers.items()}}
         for name, url in urls.items():

@@ -27,25 +27,14 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
-import warnings
 from pathlib import Path
 from typing import Optional
 
+from common import client_models, timed_trace
+
 REPO_ID = "nnhost-bench/containment-gpt2"
 API_KEY = "nnh_bench_" + "c" * 40
-PROMPT = "The Eiffel Tower is in the city of"
 WARMUP = 3
-
-
-def trace_once(model, url: str) -> tuple[float, dict, dict]:
-    from nnsight.intervention.backends.remote import RemoteBackend
-
-    backend = RemoteBackend(model.to_model_key(), host=url)
-    started = time.perf_counter()
-    with model.trace(PROMPT, backend=backend):
-        logits = model.lm_head.output[:, -1].save()
-    return time.perf_counter() - started, {"logits": logits}, backend.meta or {}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -86,29 +75,21 @@ def main(argv: Optional[list[str]] = None) -> int:
             entry = next(iter(server.status()["deployments"].values()))
             print(f"  {name}: {entry.get('description', '')}")
 
-        import nnsight
         import torch
-        from nnsight import LanguageModel
 
-        nnsight.CONFIG.APP.REMOTE_LOGGING = False
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            remote_model = LanguageModel(REPO_ID)
-            local_model = LanguageModel(str(snapshot), dispatch=True)
-        with local_model.trace(PROMPT):
-            expected = local_model.lm_head.output[:, -1].save()
+        remote_model, _, expected = client_models(REPO_ID, snapshot)
         for name in servers:  # correctness first, then warm-up
-            _, saves, _ = trace_once(remote_model, urls[name])
-            assert torch.allclose(saves["logits"], expected, rtol=1e-5, atol=1e-6), name
+            _, logits, _ = timed_trace(remote_model, urls[name])
+            assert torch.allclose(logits, expected, rtol=1e-5, atol=1e-6), name
             for _ in range(WARMUP):
-                trace_once(remote_model, urls[name])
+                timed_trace(remote_model, urls[name])
 
         times: dict[str, list] = {name: [] for name in servers}
         totals: dict[str, list] = {name: [] for name in servers}
         checks: dict[str, list] = {name: [] for name in servers}
         for _ in range(args.repeats):
             for name in servers:
-                elapsed, _, meta = trace_once(remote_model, urls[name])
+                elapsed, _, meta = timed_trace(remote_model, urls[name])
                 times[name].append(elapsed)
                 totals[name].append(meta.get("total_seconds", float("nan")))
                 checks[name].append(meta.get("integrity_seconds", 0.0))

@@ -48,24 +48,15 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
+from common import PROMPT, client_models, timed_trace
+
 API_KEY = "nnh_bench_" + "i" * 40
-PROMPT = "The Eiffel Tower is in the city of"
 WARMUP = 3
 
 
 def percentile(values: list, q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round((len(ordered) - 1) * q / 100)))]
-
-
-def trace_once(model, url: str) -> tuple:
-    from nnsight.intervention.backends.remote import RemoteBackend
-
-    backend = RemoteBackend(model.to_model_key(), host=url)
-    started = time.perf_counter()
-    with model.trace(PROMPT, backend=backend):
-        logits = model.lm_head.output[:, -1].save()
-    return time.perf_counter() - started, logits, backend.meta or {}
 
 
 def serialized(model) -> bytes:
@@ -131,27 +122,21 @@ def new_key(server, email: str) -> str:
 
 def bench_model(kind: str, repo: str, snapshot: Path, servers: dict, repeats: int, jobs: int) -> dict:
     import torch
-    from nnsight import LanguageModel
 
     names = list(servers)
     urls = {name: server.url for name, server in servers.items()}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        remote = LanguageModel(repo)
-        local = LanguageModel(str(snapshot), dispatch=True)
-    with local.trace(PROMPT):
-        expected = local.lm_head.output[:, -1].save()
+    remote, _, expected = client_models(repo, snapshot)
     for name in names:
-        _, logits, _ = trace_once(remote, urls[name])
+        _, logits, _ = timed_trace(remote, urls[name])
         # Thread counts differ between a job and this process: float sums round differently.
         assert torch.allclose(logits, expected, rtol=1e-4, atol=1e-5), (name, float((logits - expected).abs().max()))
         for _ in range(WARMUP):
-            trace_once(remote, urls[name])
+            timed_trace(remote, urls[name])
     latency = {name: [] for name in names}
     worker = {name: [] for name in names}
     for _ in range(repeats):
         for name in names:
-            elapsed, _, meta = trace_once(remote, urls[name])
+            elapsed, _, meta = timed_trace(remote, urls[name])
             latency[name].append(elapsed * 1000)
             worker[name].append(meta.get("total_seconds", float("nan")) * 1000)
     blob = serialized(remote)
@@ -255,17 +240,12 @@ def bench_levels(server, repo: str, snapshot: Path, rounds: int) -> dict:
     from nnsight import LanguageModel
 
     admin = Admin(server.url, API_KEY, repo)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        remote = LanguageModel(repo)
-        local = LanguageModel(str(snapshot), dispatch=True)
-    with local.trace(PROMPT):
-        expected = local.lm_head.output[:, -1].save()
+    remote, _, expected = client_models(repo, snapshot)
     samples: dict = {"HOT": [], "WARM": [], "COLD": [], "load": []}
 
     def timed(case: str) -> None:
         time.sleep(0.5)
-        elapsed, logits, _ = trace_once(remote, server.url)
+        elapsed, logits, _ = timed_trace(remote, server.url)
         assert torch.allclose(logits, expected, rtol=1e-5, atol=1e-6), case
         samples[case].append(elapsed)
 
