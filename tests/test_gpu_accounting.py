@@ -17,6 +17,7 @@ from fakes import FakeFleet
 from nnhost.config import ModelEntry
 from nnhost.deployments.catalog import Catalog, ModelSpec
 from nnhost.deployments.manager import COLD, HOT, WARM, CannotFit, DeploymentManager
+from nnhost.deployments.placement import DeviceBudgets
 from nnhost.deployments.sizing import QUANTIZATION_BYTES, device_shares, tensor_bytes
 
 MiB = 1 << 20
@@ -89,7 +90,7 @@ def manager(specs, budgets):
     catalog = Catalog(specs)
     made = DeploymentManager(
         catalog, loop=loop, on_job_event=lambda *a: None, on_change=lambda *a: None,
-        has_work=lambda name: False, worker_environ={}, budgets=budgets,
+        has_work=lambda name: False, worker_environ={}, placement=DeviceBudgets(budgets),
         replica_factory=FakeFleet(),
     )
     return made, loop

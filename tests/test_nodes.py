@@ -12,6 +12,7 @@ from fakes import FakeCluster
 from test_service_inprocess import ADA, MiB, World, run, spec
 
 from nnhost.deployments.contract import Level, NodeCapacity
+from nnhost.deployments.nodes import NodeRoom
 from nnhost.jobs.job import Status
 
 A = NodeCapacity("a" * 56, "10.0.0.1", 100 * MiB, cpus=4, gpus=0)
@@ -23,7 +24,8 @@ def test_a_model_no_single_node_can_hold_is_refused_though_the_nodes_together_co
         world = await World(tmp_path, [spec("org/big", 150 * MiB), spec("org/small", 30 * MiB)],
                             fleet=FakeCluster([A, B]), memory_margin=0).start()
         manager = world.deployments
-        assert manager.budgets == {}  # this machine's memory says nothing about the nodes
+        # This machine's memory says nothing about the nodes: room is kept per node only.
+        assert isinstance(manager.placement, NodeRoom)
         big = manager.get("org/big")
         assert big.level is Level.COLD and not big.replicas
         assert "no node has that: the largest, 10.0.0.1" in big.note and "100 MiB" in big.note
@@ -32,11 +34,11 @@ def test_a_model_no_single_node_can_hold_is_refused_though_the_nodes_together_co
         assert job.status is Status.ERROR and "on one Ray node" in job.description
         # The small one is up, on the node with the most room, and /status says so per node.
         assert manager.get("org/small").level is Level.HOT
-        nodes = manager.nodes.status(manager)
+        nodes = manager.placement.status(manager)
         assert nodes[A.node_id]["replicas"] == ["org/small"]
         assert nodes[A.node_id]["used_bytes"] == 30 * MiB and nodes[B.node_id]["used_bytes"] == 0
         assert nodes[B.node_id]["budget_bytes"] == 80 * MiB
-        assert manager.nodes.devices(manager) == {"cpu": {"budget_bytes": 180 * MiB, "used_bytes": 30 * MiB}}
+        assert manager.placement.devices(manager) == {"cpu": {"budget_bytes": 180 * MiB, "used_bytes": 30 * MiB}}
 
     run(body())
 

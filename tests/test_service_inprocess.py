@@ -18,6 +18,7 @@ from fakes import FakeFleet
 
 from nnhost.auth.keys import Principal
 from nnhost.config import ModelEntry, Settings
+from nnhost.controller import placement_for
 from nnhost.deployments.catalog import Catalog, ModelSpec
 from nnhost.deployments.contract import Level, ReplicaStatus
 from nnhost.deployments.incidents import Incident
@@ -61,7 +62,8 @@ class World:
             on_job_event=lambda name, event: self.jobs.on_job_event(name, event),
             on_change=lambda name: self.jobs.on_change(name),
             has_work=lambda name: self.jobs.has_work(name),
-            worker_environ={}, budgets=budgets or {"cpu": 1 << 40}, replica_factory=self.fleet,
+            worker_environ={}, placement=placement_for(self.fleet, budgets or {"cpu": 1 << 40}),
+            replica_factory=self.fleet,
             scale_down_after=self.settings.scale_down_after,
         )
         self.metrics = Metrics(lambda: self.front.board(), lambda: len(self.bus), self.deployments.deployments)

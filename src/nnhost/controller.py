@@ -25,7 +25,10 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from .config import Settings
 from .db import Database
 from .deployments.catalog import Catalog
+from .deployments.contract import PlacesOnNodes, ReplicaFactory
 from .deployments.manager import DeploymentManager
+from .deployments.nodes import NodeRoom
+from .deployments.placement import DeviceBudgets, Placement
 from .jobs.board import board
 from .jobs.bus import EventBus
 from .jobs.inbox import Inbox
@@ -114,6 +117,14 @@ class Controller:
             await asyncio.sleep(STUCK_SWEEP_SECONDS)
 
 
+def placement_for(factory: ReplicaFactory, budgets: dict[str, int]) -> Placement:
+    """Room per node when ``factory`` places replicas on a cluster's nodes (`nodes.NodeRoom`);
+    else this machine's device ``budgets`` (`placement.DeviceBudgets`)."""
+    if isinstance(factory, PlacesOnNodes):
+        return NodeRoom(factory)
+    return DeviceBudgets(budgets)
+
+
 def build_controller(
     settings: Settings,
     catalog: Catalog,
@@ -132,6 +143,9 @@ def build_controller(
     # scheduler (built first) whether a deployment has work.
     inbox = Inbox()
     scheduler = Scheduler()
+    factory = replica_factory(settings)
+    # On a cluster, room is per node, from what Ray reports (deployments.nodes).
+    budgets = memory_budgets(settings, catalog) if not settings.cluster else {}
     deployments = DeploymentManager(
         catalog,
         loop=loop,
@@ -139,9 +153,8 @@ def build_controller(
         on_change=inbox.changed,
         has_work=scheduler.has_work,
         worker_environ=worker_environ(settings, catalog),
-        # On a cluster, room is per node, from what Ray reports (deployments.nodes).
-        budgets=memory_budgets(settings, catalog) if not settings.cluster else {},
-        replica_factory=replica_factory(settings),
+        placement=placement_for(factory, budgets),
+        replica_factory=factory,
         torch_threads=settings.torch_threads,
         kill_grace=settings.kill_grace,
         scale_down_after=settings.scale_down_after,

@@ -7,15 +7,16 @@ Levels, as ``/status`` reports them:
   is a move to the device, not a load (on a CPU model it is immediate);
 * COLD: on disk only; no process.
 
-Each device has a memory budget. A replica occupies its model's size (weights
-plus a margin) on its device while HOT or being brought up, and in host memory
-("cpu") while WARM. When a model must become HOT and its device is full, the
-least recently used deployment there with no queued or running work is
-demoted: to WARM when the device is not the host and the host has room, else
-to COLD. A deployment with work is never demoted. If nothing can make room the
-model waits, and says why. When the replica factory places replicas on a
-cluster's nodes, room is kept per node instead (`nodes.NodeRoom`): these
-budgets describe only this machine.
+Where replicas may go is the placement's to say (`placement.Placement`, given
+at composition): this machine's device budgets (`placement.DeviceBudgets`),
+or room per node when the replica factory places replicas on a cluster's
+nodes (`nodes.NodeRoom`). A replica occupies its model's size (weights plus
+a margin) where it is placed while HOT or being brought up, and in host
+memory ("cpu") while WARM. When a model must become HOT and there is no
+room, the placement demotes the least recently used deployments with no
+queued or running work (`victims`); a deployment with work is never
+demoted. If nothing can make room the model waits, and says why. The
+manager asks the same questions whichever placement it holds.
 
 Replica callbacks arrive on replica threads; the manager moves them onto the
 event loop, so everything above it is single-threaded. It decides placement;
@@ -32,11 +33,11 @@ from typing import Any, Callable, Optional
 
 from ..execution.events import JobEvent, JobSpec
 from ..execution.worker import WorkerOptions
-from ..units import format_size
 from .catalog import Catalog, ModelKey, ModelSpec
-from .contract import Level, PlacesOnNodes, Replica, ReplicaFactory, ReplicaState, ReplicaStatus
+from .contract import Level, Replica, ReplicaFactory, ReplicaState, ReplicaStatus
 from .incidents import Tally
-from .nodes import NodeRoom
+from .placement import CannotFit as CannotFit  # raised here by the placement; callers catch it
+from .placement import Placement
 from .scaling import Scaling
 from .sizing import threads_per_job
 
@@ -48,14 +49,6 @@ HasWork = Callable[[str], bool]
 
 HOT, WARM, COLD = Level.HOT, Level.WARM, Level.COLD
 _RANK = {COLD: 0, WARM: 1, HOT: 2}
-
-
-class CannotFit(RuntimeError):
-    """The model is larger than its device's whole budget."""
-
-
-def _gib(size: int) -> str:
-    return format_size(size)
 
 
 @dataclass
@@ -144,7 +137,7 @@ class DeploymentManager:
         on_change: OnChange,
         has_work: HasWork,
         worker_environ: dict[str, str],
-        budgets: dict[str, int],
+        placement: Placement,
         replica_factory: ReplicaFactory,
         torch_threads: int = 0,
         kill_grace: float = 10.0,
@@ -159,9 +152,9 @@ class DeploymentManager:
         self._environ = dict(worker_environ)
         self._torch_threads = threads_per_job(torch_threads, sum(spec.most_replicas for spec in catalog))
         self._kill_grace = kill_grace
-        #: Room per node when replicas land on a cluster's nodes; else this machine's budgets.
-        self.nodes = NodeRoom(replica_factory) if isinstance(replica_factory, PlacesOnNodes) else None
-        self.budgets = {} if self.nodes else dict(budgets)
+        #: Where replicas may go and whom to demote for room: this machine's device
+        #: budgets, or room per node when replicas land on a cluster's nodes.
+        self.placement = placement
         self.deployments: dict[str, Deployment] = {spec.name: Deployment(spec) for spec in catalog}
         #: Grows a deployment whose queue waited, shrinks one idle beyond its minimum.
         self.scaling = Scaling(
@@ -185,7 +178,7 @@ class DeploymentManager:
             load_kwargs=spec.worker_load_kwargs(),
             torch_threads=self._torch_threads,
             environ=dict(self._environ),
-            device=self._placement(spec, level),
+            device=self._device_for(spec, level),
             home_device=spec.device,
         )
         made: list[Replica] = []
@@ -219,7 +212,7 @@ class DeploymentManager:
         self._hop(self._on_change, name)
 
     @staticmethod
-    def _placement(spec: ModelSpec, level: Level) -> str:
+    def _device_for(spec: ModelSpec, level: Level) -> str:
         """The device a worker is told to hold its weights on.
 
         A model spread by ``device_map`` is placed by the loader; naming its first
@@ -257,21 +250,15 @@ class DeploymentManager:
             del self.deployments[name]
             self.catalog.remove(name)
 
-    # -- memory --------------------------------------------------------------------
-
-    def budget(self, device: str) -> Optional[int]:
-        return self.budgets.get(device)
+    # -- memory (the placement decides; these are what it reads) ---------------------
 
     def used(self, device: str, excluding: Optional[Deployment] = None) -> int:
+        """Bytes the deployments (but ``excluding``) hold on ``device`` at their targets."""
         return sum(
             deployment.shares().get(device, 0)
             for deployment in self.deployments.values()
             if deployment is not excluding
         )
-
-    def _fits(self, device: str, size: int, excluding: Deployment) -> bool:
-        budget = self.budget(device)
-        return budget is None or self.used(device, excluding) + size <= budget
 
     def victims(self, device: Optional[str], wanted: Deployment) -> list[Deployment]:
         """Deployments that may be demoted to make room on ``device`` (None: on any node the
@@ -288,51 +275,18 @@ class DeploymentManager:
         return sorted(candidates, key=lambda d: d.last_used)
 
     def make_room(self, wanted: Deployment, level: Level) -> Optional[str]:
-        """Demote idle deployments until ``wanted`` fits at ``level`` on every device it
-        spans; None if it cannot yet. Returns a note of what was evicted (possibly empty).
-        """
-        if self.nodes is not None:
-            return self.nodes.make_room(self, wanted)
-        needs = wanted.shares(level)
-        for device, size in needs.items():
-            budget = self.budget(device)
-            if budget is not None and size > budget:
-                raise CannotFit(
-                    f"{wanted.name} needs {_gib(size)} on {device}, more than its whole "
-                    f"budget of {_gib(budget)}. Ask the operator to raise memory_budget."
-                )
-        evicted = []
-        for device, size in needs.items():
-            while not self._fits(device, size, wanted):
-                victims = self.victims(device, wanted)
-                if not victims:
-                    return None
-                victim = victims[0]
-                to = WARM if (victim.target == HOT and device != "cpu"
-                              and self._fits("cpu", victim.size, victim)) else COLD
-                self.set_level(victim.name, to, note=f"Demoted to make room for {wanted.name}.")
-                evicted.append(f"{victim.name} (now {to})")
-        return f"evicted {', '.join(evicted)}" if evicted else ""
+        """Demote idle deployments until ``wanted`` fits at ``level`` wherever it goes; None if
+        it cannot yet. Returns a note of what was evicted (possibly empty)."""
+        return self.placement.make_room(self, wanted, level)
+
+    def short_device(self, wanted: Deployment, level: Level) -> Optional[str]:
+        """Where ``wanted`` does not fit at ``level``, if anywhere (raises `CannotFit` when it
+        never could)."""
+        return self.placement.short_of(self, wanted, level)
 
     def _fits_another(self, deployment: Deployment) -> bool:
         """Whether one more replica of ``deployment`` fits beside what is placed."""
-        if self.nodes is not None:
-            return self.nodes.fits(self, deployment, extra=True)
-        for device, share in deployment.spec.hot_shares().items():
-            budget = self.budget(device)
-            if budget is not None and self.used(device) + share > budget:
-                return False
-        return True
-
-    def short_device(self, wanted: Deployment, level: Level) -> Optional[str]:
-        """The first device ``wanted`` does not fit on at ``level``, if any."""
-        if self.nodes is not None:
-            self.nodes.check(wanted)  # raises CannotFit when no node ever could
-            return None if self.nodes.fits(self, wanted) else "every Ray node's"
-        for device, size in wanted.shares(level).items():
-            if not self._fits(device, size, wanted):
-                return device
-        return None
+        return self.placement.fits_another(self, deployment)
 
     # -- levels ----------------------------------------------------------------------
 
@@ -343,16 +297,8 @@ class DeploymentManager:
         if _RANK[deployment.target] >= _RANK[level] and not deployment.unhealthy:
             return deployment.note
         note = self.make_room(deployment, level)
-        if note is None and self.nodes is not None:
-            deployment.note = self.nodes.waiting_note(self, deployment)
-            return deployment.note
         if note is None:
-            device = self.short_device(deployment, level) or "cpu"
-            budget = self.budget(device) or 0
-            deployment.note = (
-                f"waiting for memory on {device}: {_gib(self.used(device, deployment))} of "
-                f"{_gib(budget)} is held by deployments with work in progress"
-            )
+            deployment.note = self.placement.waiting_note(self, deployment, level)
             return deployment.note
         self.set_level(name, level, note=f"Deploying {name}" + (f"; {note}" if note else ""))
         return deployment.note
@@ -379,7 +325,7 @@ class DeploymentManager:
                 replica.start()
         else:
             deployment.target = level
-            device = self._placement(deployment.spec, level)
+            device = self._device_for(deployment.spec, level)
             for replica in deployment.replicas:
                 replica.place(device)
         self._hop(self._on_change, name)

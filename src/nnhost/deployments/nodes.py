@@ -12,9 +12,11 @@ demotions. Capacities are what the factory reports (`contract.PlacesOnNodes`);
 a replica the cluster is still placing is counted on the node with the most
 free memory that can take it, as the cluster would place it.
 
-`NodeRoom` is used by `manager.DeploymentManager` on its event loop. It never
-asks the cluster anything itself (the factory's view is read, not refreshed)
-and never starts or stops a replica except through the manager's `set_level`.
+`NodeRoom` is the `placement.Placement` the composition root gives
+`manager.DeploymentManager` for such a factory, used on its event loop. It
+never asks the cluster anything itself (the factory's view is read, not
+refreshed) and never starts or stops a replica except through the manager's
+`set_level`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from ..units import format_size
 from .contract import Level, NodeCapacity, PlacesOnNodes
+from .placement import CannotFit, Holdings
 
 if TYPE_CHECKING:
     from .manager import Deployment, DeploymentManager
@@ -68,11 +71,11 @@ class NodeRoom:
 
     # -- what is free where ------------------------------------------------------------
 
-    def _free(self, manager: "DeploymentManager", excluding: Iterable["Deployment"] = ()) -> dict[str, _Free]:
+    def _free(self, held: Holdings, excluding: Iterable["Deployment"] = ()) -> dict[str, _Free]:
         free = {node.node_id: _Free(node) for node in self.factory.nodes()}
         skip = list(excluding)
         pending = []
-        for deployment in manager.deployments.values():
+        for deployment in held.deployments.values():
             if deployment.target == Level.COLD or any(deployment is d for d in skip):
                 continue
             need = self.need(deployment)
@@ -85,18 +88,16 @@ class NodeRoom:
         _place(free, pending)
         return free
 
-    def fits(self, manager: "DeploymentManager", wanted: "Deployment", extra: bool = False,
+    def fits(self, held: Holdings, wanted: "Deployment", extra: bool = False,
              excluding: Iterable["Deployment"] = ()) -> bool:
         """Whether ``wanted``'s replicas (or, with ``extra``, one more beside them) fit now."""
         if extra:
-            return not _place(self._free(manager, excluding), [self.need(wanted)])
-        free = self._free(manager, [wanted, *excluding])
+            return not _place(self._free(held, excluding), [self.need(wanted)])
+        free = self._free(held, [wanted, *excluding])
         return not _place(free, [self.need(wanted)] * wanted.count)
 
     def check(self, wanted: "Deployment") -> None:
         """Raise `CannotFit` when no node could hold one replica even with nothing else on it."""
-        from .manager import CannotFit
-
         nodes = self.factory.nodes()
         need = self.need(wanted)
         if not nodes or any(_Free(node).takes(need) for node in nodes):
@@ -116,40 +117,49 @@ class NodeRoom:
 
     # -- making room ---------------------------------------------------------------------
 
-    def make_room(self, manager: "DeploymentManager", wanted: "Deployment") -> Optional[str]:
+    def make_room(self, held: Holdings, wanted: "Deployment", level: Level) -> Optional[str]:
         """Demote idle deployments to COLD until ``wanted`` fits; None if it cannot yet.
 
-        Returns a note of what was evicted (possibly empty).
+        Returns a note of what was evicted (possibly empty). ``level`` changes nothing:
+        a replica reserves the same on its node at WARM as at HOT.
         """
         self.check(wanted)
         evicted = []
-        while not self.fits(manager, wanted):
-            victims = self._cheapest(manager, wanted)
+        while not self.fits(held, wanted):
+            victims = self._cheapest(held, wanted)
             if not victims:
                 return None
             for victim in victims:
-                manager.set_level(victim.name, Level.COLD, note=f"Demoted to make room for {wanted.name}.")
+                held.set_level(victim.name, Level.COLD, note=f"Demoted to make room for {wanted.name}.")
                 evicted.append(f"{victim.name} (now COLD)")
         return f"evicted {', '.join(evicted)}" if evicted else ""
 
-    def _cheapest(self, manager: "DeploymentManager", wanted: "Deployment") -> list["Deployment"]:
+    def _cheapest(self, held: Holdings, wanted: "Deployment") -> list["Deployment"]:
         """The fewest idle deployments, least recently used first, on one node, whose demotion
         lets ``wanted`` fit; empty when no such set exists."""
-        idle = manager.victims(None, wanted)
+        idle = held.victims(None, wanted)
         best: list["Deployment"] = []
         for node_id in (node.node_id for node in self.factory.nodes()):
             here = [d for d in idle if any(self.factory.node_of(r) == node_id for r in d.replicas)]
             for count in range(1, len(here) + 1):
                 if best and count >= len(best):
                     break
-                if self.fits(manager, wanted, excluding=here[:count]):
+                if self.fits(held, wanted, excluding=here[:count]):
                     best = here[:count]
                     break
         return best
 
-    def waiting_note(self, manager: "DeploymentManager", wanted: "Deployment") -> str:
+    def short_of(self, held: Holdings, wanted: "Deployment", level: Level) -> Optional[str]:
+        """None when ``wanted``'s replicas fit on the nodes now, else what is full."""
+        self.check(wanted)  # raises CannotFit when no node ever could
+        return None if self.fits(held, wanted) else "every Ray node's"
+
+    def fits_another(self, held: Holdings, wanted: "Deployment") -> bool:
+        return self.fits(held, wanted, extra=True)
+
+    def waiting_note(self, held: Holdings, wanted: "Deployment", level: Level) -> str:
         need = self.need(wanted)
-        free = self._free(manager, [wanted]).values()
+        free = self._free(held, [wanted]).values()
         most = max((node.memory for node in free), default=0)
         return (f"waiting for room on a Ray node: a replica needs {format_size(need.memory)} of "
                 f"memory and {need.gpus:g} GPUs; the most free on any node is {format_size(most)}, "
@@ -157,13 +167,13 @@ class NodeRoom:
 
     # -- reporting -----------------------------------------------------------------------
 
-    def status(self, manager: "DeploymentManager") -> dict[str, dict[str, Any]]:
+    def status(self, held: Holdings) -> dict[str, dict[str, Any]]:
         """``/status``'s ``nodes``: each alive node, what it offers and what replicas hold there."""
-        free = self._free(manager)
+        free = self._free(held)
         out: dict[str, dict[str, Any]] = {}
         for node_id, room in free.items():
             node = room.node
-            names = [replica.name for d in manager.deployments.values() if d.target != Level.COLD
+            names = [replica.name for d in held.deployments.values() if d.target != Level.COLD
                      for replica in d.replicas if self.factory.node_of(replica) == node_id]
             out[node_id] = {
                 "address": node.address,
@@ -175,9 +185,12 @@ class NodeRoom:
             }
         return out
 
-    def devices(self, manager: "DeploymentManager") -> dict[str, dict[str, int]]:
+    def report(self, held: Holdings) -> dict[str, Any]:
+        return {"devices": self.devices(held), "nodes": self.status(held)}
+
+    def devices(self, held: Holdings) -> dict[str, dict[str, int]]:
         """``/status``'s ``devices`` on a cluster: host memory over all nodes (each node's is in ``nodes``)."""
-        nodes = self.status(manager).values()
+        nodes = self.status(held).values()
         return {"cpu": {"budget_bytes": sum(n["budget_bytes"] for n in nodes),
                         "used_bytes": sum(n["used_bytes"] for n in nodes)}}
 
@@ -196,9 +209,5 @@ def _place(free: dict[str, _Free], needs: list[Need]) -> list[Need]:
 
 def memory_report(manager: "DeploymentManager") -> dict[str, Any]:
     """``/status``'s memory keys: ``devices`` (this machine's budgets; on a cluster, the nodes'
-    sum) and, on a cluster only, ``nodes``, each node's own."""
-    room = manager.nodes
-    if room is None:
-        return {"devices": {device: {"budget_bytes": budget, "used_bytes": manager.used(device)}
-                            for device, budget in manager.budgets.items()}}
-    return {"devices": room.devices(manager), "nodes": room.status(manager)}
+    sum) and, on a cluster only, ``nodes``, each node's own (the placement's report)."""
+    return manager.placement.report(manager)
