@@ -16,9 +16,9 @@ from typing import Any, Optional
 import pytest
 
 from nnhost.deployments import job_watch
-from nnhost.deployments.job_watch import JobWatch, Violation
-from nnhost.execution import capture, events, job_process
-from nnhost.execution.channel import MAX_MESSAGE, Channel, pair
+from nnhost.deployments.job_watch import JobWatch, Violation, refused
+from nnhost.execution import capture, events, job_process, messages
+from nnhost.execution.channel import MAX_MESSAGE, BadMessage, Channel, pair
 from nnhost.execution.events import (
     CUT_MARK,
     FINAL_STATUSES,
@@ -63,7 +63,11 @@ def watched(fields: dict[str, Any]) -> object:
     """What the parent side makes of a job's message with ``fields`` (after RUNNING)."""
     watch = JobWatch(replace(SPEC, job_id=fields.get("job_id", SPEC.job_id)))
     watch.running = True
-    return watch.check({"type": "event", **fields})
+    # As the replica reads it (`deployments.slots`): parsed, then checked against its job.
+    try:
+        return watch.check(messages.FROM_JOB.parse({"type": "event", **fields}))
+    except BadMessage as error:
+        return refused(error)
 
 
 def taken(fields: dict[str, Any]) -> Optional[str]:
@@ -73,7 +77,8 @@ def taken(fields: dict[str, Any]) -> Optional[str]:
 
 
 def test_the_limits_and_the_check_live_in_one_place():
-    assert job_watch.event_problem is intake.event_problem is events.event_problem
+    # The watcher reads a job's events with `messages.Event`, which applies the intake's check.
+    assert messages.event_problem is intake.event_problem is events.event_problem
     for module, name in [
         (job_process, "MAX_DESCRIPTION"), (job_watch, "MAX_DESCRIPTION"), (job_watch, "MAX_LOG_CHARS"),
         (job_watch, "MAX_META_KEYS"), (job_watch, "FINAL"), (intake, "MAX_DESCRIPTION_CHARS"),
@@ -101,8 +106,8 @@ def test_an_over_long_final_description_is_cut_by_the_job_and_accepted_downstrea
     sent: list[dict[str, Any]] = []
 
     class Channel:
-        def send(self, message: dict[str, Any]) -> None:
-            sent.append(message)
+        def send(self, message: messages.Message) -> None:
+            sent.append(message.model_dump())  # what the channel writes
 
     class Runner:
         def run(self, spec: JobSpec, emit: Any) -> bool:
@@ -120,7 +125,7 @@ def test_an_over_long_final_description_is_cut_by_the_job_and_accepted_downstrea
     assert final["status"] == "ERROR" and len(final["description"]) <= MAX_DESCRIPTION_CHARS
     assert CUT_MARK in final["description"] and final["description"].endswith("sees the change.")
     watch = JobWatch(SPEC)
-    checked = [watch.check(message) for message in sent]
+    checked = [watch.check(messages.FROM_JOB.parse(message)) for message in sent]
     assert all(isinstance(event, JobEvent) for event in checked), checked
     job = Job(id="job0", user_id=1, model_key="k", deployment="org/model", status=Status.RUNNING)
     assert intake.check_event(checked[-1], job, "org/model") is None

@@ -1,13 +1,14 @@
 """Reading what a job's process says, as the untrusted input it is.
 
 A job's process runs a stranger's code, and that code may have got past the
-Python layer: every message it sends is checked here before anything else in
-the server sees it. A message is accepted only if it is an event for *the*
-job handed to that process, in the one allowed order (RUNNING, then LOG
-lines, then COMPLETED or ERROR; an ERROR may also come first, when the request
-cannot be read), with fields of the right types and sizes (`event_problem`,
-the intake's check too), and no more LOG lines than the job's own capture
-lets through. COMPLETED must name
+Python layer: every message it sends is checked before anything else in the
+server sees it. `execution.messages.FROM_JOB` reads it (one of the two kinds
+a job's process may send, with fields of the right types and sizes:
+`event_problem`, the intake's check too); `JobWatch` then accepts it only if
+it is an event for *the* job handed to that process, in the one allowed
+order (RUNNING, then LOG lines, then COMPLETED or ERROR; an ERROR may also
+come first, when the request cannot be read), and no more LOG lines than the
+job's own capture lets through. COMPLETED must name
 the size the result file really has. Anything else is a violation: the replica
 kills the process and fails the job with a clear ERROR. Nothing here raises on
 bad input.
@@ -20,13 +21,20 @@ and per job.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
-from ..execution.events import LOG_LINE_CHARS, JobEvent, JobSpec, event_problem
+from ..execution.channel import BadMessage
+from ..execution.events import LOG_LINE_CHARS, JobEvent, JobSpec
+from ..execution.messages import Event, FromJob
 
 
 class Violation(str):
     """Why a message was refused (a str, for the job's ERROR description)."""
+
+
+def refused(error: BadMessage) -> Violation:
+    """A message that the channel or `execution.messages` refused, as the violation it is."""
+    return Violation(f"it sent {error}")
 
 
 class JobWatch:
@@ -38,20 +46,17 @@ class JobWatch:
         self.finished = False
         self.log_events = 0
 
-    def check(self, message: dict[str, Any]) -> Union[JobEvent, Violation]:
+    def check(self, message: FromJob) -> Union[JobEvent, Violation]:
+        """``message``, read by `execution.messages.FROM_JOB`, as its job's next event, or why not."""
         if self.finished:
             return Violation("it sent a message after its job had finished")
-        if message.get("type") != "event":
-            return Violation(f"it sent an unexpected message ({_short(message.get('type'))})")
-        fields = {key: value for key, value in message.items() if key != "type"}
-        problem = event_problem(fields)
-        if problem is not None:
-            return Violation(f"it sent an event {problem}")
-        if fields["job_id"] != self.spec.job_id:
+        if not isinstance(message, Event):
+            return Violation(f"it sent an unexpected message ({_short(message.type)})")
+        if message.job_id != self.spec.job_id:
             return Violation("it sent an event for another job")
-        status = fields["status"]
-        description = fields.get("description", "")
-        meta = fields.get("meta")
+        status = message.status
+        description = message.description
+        meta = message.meta
         if status == "RUNNING":
             if self.running:
                 return Violation("it reported RUNNING twice")
@@ -73,8 +78,8 @@ class JobWatch:
         # COMPLETED, the one status left (`event_problem` refused any other).
         if not self.running:
             return Violation("it reported COMPLETED without RUNNING")
-        size = fields.get("result_size")
-        if size is None:  # `event_problem` refused any other non-size
+        size = message.result_size
+        if size is None:  # `event_problem` refused any other non-size (`messages.Event`)
             return Violation("it reported COMPLETED without a result size")
         if self.spec.max_result_bytes and size > self.spec.max_result_bytes:
             return Violation("it reported a result over this server's limit")

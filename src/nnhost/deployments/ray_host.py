@@ -6,8 +6,11 @@ same containment, same job processes, same checks), on that node. It is the
 controller's only contact there: a job arrives as its spec and payload bytes
 (never a path of the controller's), is written to the actor's own spool
 directory, and its result leaves as bytes with its COMPLETED event. Everything
-the replica reports is queued as plain data that the controller collects with
-a long poll (`events`), since an actor cannot call back into the controller.
+the replica reports is queued as plain data (the `execution.messages` it
+declares: `State`, `RayJobEvent`, `RayIdle`, `RayIncident`) that the
+controller collects with a long poll (`events`) and reads with
+`messages.FROM_RAY_ACTOR`, since an actor cannot call back into the
+controller.
 
 This module is imported inside Ray workers; it must not import the API, the
 job service or the database.
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..execution.events import JobEvent, JobSpec
+from ..execution.messages import Event, Message, RayIdle, RayIncident, RayJobEvent, State
 from ..execution.worker import WorkerOptions
 from ..models.adapters import write_adapter
 from .contract import ReplicaState
@@ -91,32 +95,32 @@ class ReplicaHost:
 
     # -- the local replica's callbacks (its threads) ----------------------------------------
 
-    def _push(self, item: dict[str, Any]) -> None:
+    def _push(self, item: Message) -> None:
         with self._changed:
-            self._pending.append(item)
+            self._pending.append(item.model_dump())  # plain data: Ray pickles it
             while len(self._pending) > MAX_PENDING:
                 self._pending.popleft()
                 self._first += 1
             self._changed.notify_all()
 
     def _job_event(self, event: JobEvent) -> None:
-        item: dict[str, Any] = {"kind": "job", "event": event.to_dict()}
+        result = None
         if event.final:
             spec = self._specs.get(event.job_id)
             if event.status == "COMPLETED" and spec is not None:
-                item["result"] = _read(spec.result_path)
+                result = _read(spec.result_path)
             self._forget(event.job_id)
-        self._push(item)
+        self._push(RayJobEvent(event=Event.of(event), result=result))
 
     def _state(self, state: ReplicaState) -> None:
-        self._push({"kind": "state", "state": state.state.value, "description": state.description,
-                    "weight_bytes": state.weight_bytes, "containment": state.containment})
+        self._push(State(state=state.state.value, description=state.description,
+                         weight_bytes=state.weight_bytes, containment=state.containment))
 
     def _idle(self) -> None:
-        self._push({"kind": "idle", "accepting": self.replica.accepting})
+        self._push(RayIdle(accepting=self.replica.accepting))
 
     def _incident(self, kind: Incident) -> None:
-        self._push({"kind": "incident", "incident": kind.value})
+        self._push(RayIncident(incident=kind.value))
 
     def _forget(self, job_id: str) -> None:
         spec = self._specs.pop(job_id, None)

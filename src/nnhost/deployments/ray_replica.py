@@ -6,7 +6,8 @@ Ray for an actor with the resources the model needs (a GPU per CUDA device it
 spans, its size as memory), so Ray places it on a node that has them. The
 actor runs the job exactly as a local replica would; this side keeps the
 contract's view of it (state, busy, accepting) from the actor's reports,
-collected by one thread per replica with a long poll.
+collected by one thread per replica with a long poll and read with
+`execution.messages.FROM_RAY_ACTOR`.
 
 A job goes out as its spec and payload bytes, from a thread of its own (the
 manager calls on the event loop, which a slow node must not hold up); its result comes back as bytes with
@@ -32,7 +33,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
+from ..execution.channel import BadMessage
 from ..execution.events import JobEvent, JobSpec
+from ..execution.messages import FROM_RAY_ACTOR, RayIdle, RayIncident, RayJobEvent, State
 from ..execution.worker import WorkerOptions
 from ..models.adapters import read_adapter
 from .contract import (
@@ -291,40 +294,41 @@ class RayReplica:
             for item in items:  # exactly those after the previous cursor
                 self._take(item)
 
-    def _take(self, item: dict[str, Any]) -> None:
-        kind = item.get("kind")
-        if kind == "state":
+    def _take(self, item: object) -> None:
+        try:
+            message = FROM_RAY_ACTOR.parse(item)
+        except BadMessage as error:
+            log.warning("replica %s: its Ray actor sent %s", self.name, error)
+            return
+        if isinstance(message, State):
             try:
-                state = ReplicaStatus(item.get("state", ""))  # missing: refused like an unknown one
+                state = ReplicaStatus(message.state)
             except ValueError:
                 return
             where = (f" On Ray node {self.node.get('node_id', '?')} ({self.node.get('address', '?')})."
                      if self.node else "")
-            self._set_state(ReplicaState(state, f"{item.get('description') or ''}{where}",
-                                         item.get("weight_bytes"), item.get("containment")))
-        elif kind == "idle":
-            self._remote_accepting = bool(item.get("accepting"))
+            self._set_state(ReplicaState(state, f"{message.description}{where}",
+                                         message.weight_bytes, message.containment))
+        elif isinstance(message, RayIdle):
+            self._remote_accepting = message.accepting
             self._on_idle()
-        elif kind == "incident":
+        elif isinstance(message, RayIncident):
             try:
-                self._on_incident(Incident(item.get("incident")))
+                self._on_incident(Incident(message.incident))
             except ValueError:
                 pass
-        elif kind == "job":
-            self._job(item)
+        elif isinstance(message, RayJobEvent):
+            self._job(message)
 
-    def _job(self, item: dict[str, Any]) -> None:
-        try:
-            event = JobEvent.from_dict(item["event"])
-        except (KeyError, TypeError):
-            return
+    def _job(self, message: RayJobEvent) -> None:
+        event = message.event.job_event()
         with self._lock:
             spec = self._current
         if spec is None or event.job_id != spec.job_id:
             return
         if event.status == "COMPLETED":
-            result = item.get("result")
-            if not isinstance(result, bytes) or len(result) != event.result_size:
+            result = message.result
+            if result is None or len(result) != event.result_size:
                 event = JobEvent(spec.job_id, "ERROR", "The result was lost on its way from the "
                                  "Ray node. You can resubmit your request.", meta=event.meta)
             else:

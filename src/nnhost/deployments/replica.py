@@ -37,6 +37,8 @@ from ..execution.channel import BadMessage, Channel, close_all
 from ..execution.events import JobSpec
 from ..execution.handoff import send_job
 from ..execution.job_process import describe_exit
+from ..execution.messages import FROM_HOST, Exit, Fork, Message, Options, Place, State, Stop
+from ..execution.messages import Slot as SlotMessage
 from ..execution.policy import Design, WorkerPolicy
 from ..execution.worker import WorkerOptions, crash_hint
 from .contract import OnIdle, OnIncident, OnJobEvent, OnState, ReplicaState, ReplicaStatus
@@ -128,7 +130,7 @@ class LocalReplica(JobProcesses):
         with self._lock:
             self.options.device = device
             if self._control is not None and self._state.state is ReplicaStatus.RUNNING:
-                self._send_control({"type": "place", "device": device})
+                self._send_control(Place(device=device))
 
     def start(self) -> None:
         with self._lock:
@@ -179,7 +181,7 @@ class LocalReplica(JobProcesses):
             self._stopping = True
             self._restart_at = None
             host = self._host
-            self._send_control({"type": "stop"})
+            self._send_control(Stop())
         if host is not None:
             try:
                 host.wait(timeout=5)
@@ -200,7 +202,7 @@ class LocalReplica(JobProcesses):
         environ = dict(self.options.environ)
         started = SPARES.take(env, environ) or start_host(env, environ)
         host, control = started
-        control.send({"type": "options", "options": asdict(self.options)})
+        control.send(Options(options=self.options))
         SPARES.keep(env, environ, self.policy.spare_hosts)
         self._generation += 1
         self._asked_at = None
@@ -213,7 +215,7 @@ class LocalReplica(JobProcesses):
             name=f"host-{self.name}", daemon=True,
         ).start()
 
-    def _send_control(self, message: dict[str, Any]) -> None:
+    def _send_control(self, message: Message) -> None:
         if self._control is None:
             return
         try:
@@ -224,39 +226,42 @@ class LocalReplica(JobProcesses):
     def _request_fork(self) -> None:
         if self._asked_at is None:
             self._asked_at = time.monotonic()
-        self._send_control({"type": "fork", "memory_cgroup": bool(self._groups and self._groups.available)})
+        self._send_control(Fork(memory_cgroup=bool(self._groups and self._groups.available)))
 
     def _read_control(self, control: Channel, host: subprocess.Popen[bytes], generation: int) -> None:
         asked_first = False
         while True:
             try:
-                message, fds = control.recv()
+                raw, fds = control.recv()
             except (OSError, BadMessage):
-                message, fds = None, []
-            if message is None:
+                raw, fds = None, []
+            if raw is None:
                 break
-            kind = message.get("type")
-            if kind == "state":
-                fields: dict[str, Any] = {
-                    k: message.get(k) for k in ("state", "description", "weight_bytes", "containment")
-                }
-                if fields["containment"]:
-                    self._host_containment = fields["containment"]
-                fields["containment"] = self._containment()
+            try:
+                message = FROM_HOST.parse(raw)
+            except BadMessage as error:
+                # Our own host's mistake, not a job's: said, and passed over.
+                close_all(fds)
+                log.warning("the worker of %s sent %s", self.name, error)
+                continue
+            if isinstance(message, State):
+                if message.containment:
+                    self._host_containment = message.containment
+                description = message.description
                 try:
-                    fields["state"] = ReplicaStatus(fields["state"])
+                    status = ReplicaStatus(message.state)
                 except ValueError:
-                    fields["state"], fields["description"] = ReplicaStatus.UNHEALTHY, (
-                        f"The worker reported an unknown state ({str(fields['state'])[:40]!r}).")
-                self._set_state(ReplicaState(**{k: v for k, v in fields.items() if v is not None}))
-                if fields["state"] is ReplicaStatus.RUNNING and not asked_first:
+                    status, description = ReplicaStatus.UNHEALTHY, (
+                        f"The worker reported an unknown state ({message.state[:40]!r}).")
+                self._set_state(ReplicaState(status, description, message.weight_bytes, self._containment()))
+                if status is ReplicaStatus.RUNNING and not asked_first:
                     asked_first = True
                     with self._lock:
                         self._request_fork()
-            elif kind == "slot" and fds:
+            elif isinstance(message, SlotMessage) and fds:
                 self._add_slot(message, fds, generation)
-            elif kind == "exit":
-                self._slot_exited(message.get("pid"), message.get("status"))
+            elif isinstance(message, Exit):
+                self._slot_exited(message.pid, message.status)
             else:
                 close_all(fds)
         try:
@@ -266,10 +271,9 @@ class LocalReplica(JobProcesses):
             host.wait()
         self._host_died(host, generation)
 
-    def _add_slot(self, message: dict[str, Any], fds: list[int], generation: int) -> None:
-        pid: Any = message.get("pid")  # our own host's message: an int
-        slot = Slot(int(pid), Channel(_socket(fds[0])), fds[1] if len(fds) > 1 else -1,
-                     reusable=bool(message.get("reusable")), generation=generation)
+    def _add_slot(self, message: SlotMessage, fds: list[int], generation: int) -> None:
+        slot = Slot(message.pid, Channel(_socket(fds[0])), fds[1] if len(fds) > 1 else -1,
+                    reusable=message.reusable, generation=generation)
         close_all(fds[2:])
         with self._lock:
             self._slots[slot.pid] = slot
@@ -284,12 +288,12 @@ class LocalReplica(JobProcesses):
                     self._request_fork()  # the next one falls back to RLIMIT_AS
         threading.Thread(target=self._read_slot, args=(slot,), name=f"job-{self.name}", daemon=True).start()
 
-    def _slot_exited(self, pid: Any, status: Any) -> None:
+    def _slot_exited(self, pid: int, status: int) -> None:
         with self._lock:
-            slot = self._slots.pop(pid, None) if isinstance(pid, int) else None
+            slot = self._slots.pop(pid, None)
         if slot is None:
             return
-        slot.exit_code = status if isinstance(status, int) else None
+        slot.exit_code = status
         groups = self._groups
         if groups is not None and not slot.reusable:
             slot.out_of_memory = groups.ran_out_of_memory(slot.pid)

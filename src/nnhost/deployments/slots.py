@@ -17,13 +17,14 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ..execution.channel import BadMessage, Channel, close_all
+from ..execution.channel import BadMessage, Channel
 from ..execution.events import JobEvent, JobSpec, cut_description
 from ..execution.handoff import discard_result
 from ..execution.job_process import describe_exit
+from ..execution.messages import FROM_JOB, Discard, FromJob, Message, Ready
 from ..execution.worker import crash_hint
 from .incidents import Incident
-from .job_watch import JobWatch, LogLines, Violation
+from .job_watch import JobWatch, LogLines, Violation, refused
 
 if TYPE_CHECKING:
     import subprocess
@@ -76,7 +77,7 @@ class JobProcesses:
     _on_idle: OnIdle
     _on_incident: OnIncident
     _show_containment: Callable[[Slot], None]
-    _send_control: Callable[[dict[str, Any]], None]
+    _send_control: Callable[[Message], None]
     _request_fork: Callable[[], None]
     _unhealthy: Callable[[str], None]
     _groups: Optional[JobGroups]
@@ -97,18 +98,16 @@ class JobProcesses:
                             continue
                         self._log_bytes(slot, data, pending)
                         continue
+                    # Read as the untrusted input it is: not one of the messages a
+                    # job's process may send (descriptors included) is a violation.
                     try:
-                        message, fds = slot.channel.recv()
+                        message, _ = FROM_JOB.receive(slot.channel)
                     except BadMessage as error:
-                        self._violation(slot, Violation(f"it sent {error}"))
+                        self._violation(slot, refused(error))
                         return
                     except OSError:
-                        message, fds = None, []
+                        message = None
                     if message is None:
-                        return
-                    if fds:  # a job's process has no business sending descriptors
-                        close_all(fds)
-                        self._violation(slot, Violation("it sent file descriptors"))
                         return
                     if not self._slot_message(slot, message, pending):
                         return
@@ -116,19 +115,19 @@ class JobProcesses:
             selector.close()
             self._slot_gone(slot)
 
-    def _slot_message(self, slot: Slot, message: dict[str, Any], pending: list[str]) -> bool:
+    def _slot_message(self, slot: Slot, message: FromJob, pending: list[str]) -> bool:
         """Handle one message; False once the slot is done with."""
         if slot.job is None or (slot.reusable and slot.watch is not None and slot.watch.finished):
             # Before its job the process has run no user code: "ready" is the only
             # message it may send, once (a reusable slot: once after each job).
-            if message.get("type") != "ready" or slot.ready and not slot.reusable:
+            if not isinstance(message, Ready) or slot.ready and not slot.reusable:
                 self._kill_slot(slot, None)
                 return False
             slot.ready = True
             if slot.reusable:
                 slot.job = slot.watch = None
-            if isinstance(message.get("containment"), dict):
-                slot.containment = message["containment"]
+            if message.containment is not None:
+                slot.containment = dict(message.containment)
                 self._show_containment(slot)
             with self._lock:
                 if self._spare is None and not self._stopping and (
@@ -312,7 +311,7 @@ class JobProcesses:
             if self._host is not None and self._host.poll() is None:
                 self._host.kill()
         else:
-            self._send_control({"type": "discard", "pid": slot.pid})
+            self._send_control(Discard(pid=slot.pid))
 
 
 

@@ -27,6 +27,7 @@ import threading
 from typing import Optional
 
 from ..execution.channel import Channel, pair
+from ..execution.messages import Prepare
 
 Started = tuple["subprocess.Popen[bytes]", Channel]
 
@@ -40,7 +41,7 @@ def start_host(env: dict[str, str], environ: dict[str, str]) -> Started:
     )
     theirs.close()
     control = Channel(ours)
-    control.send({"type": "prepare", "environ": environ})
+    control.send(Prepare(environ=environ))
     return host, control
 
 

@@ -12,7 +12,10 @@ closing any descriptors that came with it) a packet longer than
 `MAX_MESSAGE`, one whose descriptors were cut, and anything that is not a JSON
 object.
 
-It knows nothing of jobs; `events` and `handoff` give the messages meaning.
+It knows nothing of jobs; `messages` declares what the objects may be, and
+each receiver reads them with it. `Channel.send` writes a `messages` model
+(or a plain object, which only a test that plays a beaten job's process
+writes: such a process can write anything).
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import array
 import json
 import os
 import socket
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
+
+from pydantic import BaseModel
 
 #: Longest packet accepted (a LOG line is at most 8 KiB; a traceback is cut to 64 KiB).
 MAX_MESSAGE = 256 * 1024
@@ -51,8 +56,12 @@ class Channel:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
-        data = json.dumps(message, separators=(",", ":"), default=str).encode()
+    def send(self, message: Union[BaseModel, Mapping[str, Any]], fds: Sequence[int] = ()) -> None:
+        # The model's own Python dump, written by json: pydantic's JSON writer
+        # refuses text that is not UTF-8 (a lone surrogate a job printed), which
+        # json escapes as it always did.
+        fields = message.model_dump() if isinstance(message, BaseModel) else message
+        data = json.dumps(fields, separators=(",", ":"), default=str).encode()
         if len(data) > MAX_MESSAGE:
             raise ValueError(f"message of {len(data)} bytes is over {MAX_MESSAGE}")
         ancillary = []

@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any, Optional
+from dataclasses import replace
+from typing import Optional
 
 from ..models.adapters import ADAPTER_FILES, MAX_ADAPTER_BYTES
+from .channel import Channel
 from .events import JobSpec
+from .messages import Run
 
 
-def send_job(channel: Any, spec: JobSpec) -> None:
-    """Send ``{"type": "run", "job": ...}`` with the job's payload and result descriptors."""
+def send_job(channel: Channel, spec: JobSpec) -> None:
+    """Send the job (`messages.Run`) with its payload, result and adapter descriptors."""
     payload_fd = os.open(spec.payload_path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         result_fd = os.open(
@@ -41,20 +44,17 @@ def send_job(channel: Any, spec: JobSpec) -> None:
     try:
         for name in ADAPTER_FILES if spec.adapter_path else ():
             adapter_fds.append(os.open(os.path.join(spec.adapter_path, name), os.O_RDONLY | os.O_CLOEXEC))
-        job = spec.to_dict()
-        job.update(payload_path="", result_path="", payload_fd=-1, result_fd=-1,
-                   adapter_path="", adapter_fds=[-1] * len(adapter_fds))
-        channel.send({"type": "run", "job": job}, [payload_fd, result_fd, *adapter_fds])
+        job = replace(spec, payload_path="", result_path="", payload_fd=-1, result_fd=-1,
+                      adapter_path="", adapter_fds=[-1] * len(adapter_fds))
+        channel.send(Run(job=job), [payload_fd, result_fd, *adapter_fds])
     finally:
         for fd in (payload_fd, result_fd, *adapter_fds):
             os.close(fd)
 
 
-def receive_job(message: dict[str, Any], fds: list[int]) -> JobSpec:
-    """In the job's process: the spec of a ``run`` message, with its descriptors."""
-    if message.get("type") != "run" or not isinstance(message.get("job"), dict):
-        raise OSError("the server did not send a job")
-    spec = JobSpec(**message["job"])
+def receive_job(message: Run, fds: list[int]) -> JobSpec:
+    """In the job's process: the spec of its `messages.Run`, with its descriptors."""
+    spec = replace(message.job)
     if len(fds) != 2 + len(spec.adapter_fds) or len(spec.adapter_fds) not in (0, len(ADAPTER_FILES)):
         raise OSError("the server did not send a job with its files")
     spec.payload_fd, spec.result_fd = fds[:2]

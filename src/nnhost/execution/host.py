@@ -29,10 +29,11 @@ CUDA context cannot cross a fork (see the README's Security section), the host
 runs the jobs itself, one after another, as a reusable slot; there the
 integrity guard restores what a job changed.
 
-Messages on the control channel, replica to host: ``fork`` (with
-``memory_cgroup``), ``discard`` (``pid``), ``place`` (``device``), ``stop``;
-host to replica: ``state``, ``slot`` (``pid``, ``reusable``; descriptors: the
-job's channel, its log pipe), ``exit`` (``pid``, ``status``).
+Messages on the control channel (declared in `messages`), replica to host:
+`Prepare` and `Options` (its set-up), then `Fork`, `Discard`, `Place`,
+`Stop`; host to replica: `State`, `Slot` (descriptors: the job's channel, its
+log pipe), `Exit`. Each side reads them with `messages.TO_HOST` and
+`messages.FROM_HOST`.
 """
 
 from __future__ import annotations
@@ -45,11 +46,31 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
-from .channel import Channel, pair
+from .channel import BadMessage, Channel, close_all, pair
 from .events import cut_description
+from .messages import (
+    FROM_HOST,
+    TO_HOST,
+    TO_JOB,
+    Discard,
+    Event,
+    Exit,
+    Fork,
+    Kinds,
+    Message,
+    Options,
+    Place,
+    Prepare,
+    Ready,
+    Slot,
+    State,
+    Stop,
+    ToHost,
+    Weights,
+)
 from .worker import EXIT_MODEL_CHANGED, WorkerOptions, load_model, place, secure, weight_bytes
 
 if TYPE_CHECKING:
@@ -70,15 +91,13 @@ def main() -> None:
     # process group; the server decides when replicas stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    message, _ = control.recv()
-    if not message or message.get("type") != "prepare":
-        sys.exit(2)
-    prepared = prepare(dict(message.get("environ") or {}))
+    first, fds = setup_message(control, Prepare, gone=2)
+    close_all(fds)
+    prepared = prepare(dict(first.environ))
     # A spare host waits here, libraries imported, until a model needs it.
-    message, _ = control.recv()
-    if not message or message.get("type") != "options":
-        sys.exit(0 if message is None else 2)
-    options = WorkerOptions(**message["options"])
+    given, fds = setup_message(control, Options, gone=0)
+    close_all(fds)
+    options = given.options
     from .policy import Design
 
     policy, template = prepared.policy, prepared.template
@@ -94,12 +113,11 @@ def main() -> None:
     namespaces_problem = prepared.namespaces_problem
     containment: dict[str, Any] = {}
 
-    def state(payload: dict[str, Any]) -> None:
-        if containment:
-            payload = {**payload, "containment": containment}
-        control.send({"type": "state", **payload})
+    def state(name: str, description: str, weight_bytes: Optional[int] = None) -> None:
+        control.send(State(state=name, description=description, weight_bytes=weight_bytes,
+                           containment=dict(containment) if containment else None))
 
-    state({"state": "DEPLOYING", "description": "Loading the model."})
+    state("DEPLOYING", "Loading the model.")
     try:
         import torch
 
@@ -117,15 +135,13 @@ def main() -> None:
             template_report = template.hand_over(exported)
             containment.update(template_report)
             containment["execution"] = design.value
-            state({
-                "state": "RUNNING",
-                "description": (
-                    f"Loaded in {time.perf_counter() - started:.1f}s; this process: "
-                    f"{host_report.describe()}; each job's process is forked from a template "
-                    "without weights and maps them (the mapped design)."
-                ),
-                "weight_bytes": weight_bytes(model),
-            })
+            state(
+                "RUNNING",
+                f"Loaded in {time.perf_counter() - started:.1f}s; this process: "
+                f"{host_report.describe()}; each job's process is forked from a template "
+                "without weights and maps them (the mapped design).",
+                weight_bytes(model),
+            )
             template.relay(control, options.device)
             os._exit(0)
         runner, guard, report = secure(model, policy, namespaces_problem, fork_mode=fork_mode)
@@ -138,14 +154,11 @@ def main() -> None:
             if problem:
                 print(f"nnhost host {os.getpid()}: no warm-up ({problem[-300:]})", file=sys.stderr, flush=True)
     except BaseException:
-        state({"state": "UNHEALTHY", "description": traceback.format_exc()})
+        state("UNHEALTHY", traceback.format_exc())
         sys.exit(3)
     mode = "a fresh process per job" if fork_mode else "one process for every job"
-    state({
-        "state": "RUNNING",
-        "description": f"Loaded in {time.perf_counter() - started:.1f}s; {report.describe()}; {mode}.",
-        "weight_bytes": weight_bytes(model),
-    })
+    state("RUNNING", f"Loaded in {time.perf_counter() - started:.1f}s; {report.describe()}; {mode}.",
+          weight_bytes(model))
     if fork_mode:
         import gc
 
@@ -156,6 +169,26 @@ def main() -> None:
         Forker(control, runner, policy, options).serve()
     else:
         serve_in_process(control, model, runner, guard)
+
+
+S = TypeVar("S", Prepare, Options, Weights)
+
+
+def setup_message(channel: Channel, kind: type[S], gone: int) -> tuple[S, list[int]]:
+    """The set-up message ``kind`` (a host's or the template's), with its descriptors.
+
+    Anything else ends this process with status 2; the sender's end, with ``gone``.
+    """
+    try:
+        message, fds = TO_HOST.receive(channel)
+    except (OSError, BadMessage):
+        sys.exit(2)
+    if message is None:
+        sys.exit(gone)
+    if not isinstance(message, kind):
+        close_all(fds)
+        sys.exit(2)
+    return message, fds
 
 
 @dataclass
@@ -234,35 +267,35 @@ class Template:
         self.channel = channel
 
     def send_options(self, options: WorkerOptions) -> None:
-        from dataclasses import asdict
-
-        self.channel.send({"type": "options", "options": asdict(options)})
+        self.channel.send(Options(options=options))
 
     def stop(self) -> None:
         self.process.kill()
         self.process.wait()
         self.channel.close()
 
-    def _expect(self, wanted: str) -> dict[str, Any]:
-        message, fds = self.channel.recv()
-        for fd in fds:
-            os.close(fd)
+    def _expect(self, wanted: str) -> State:
+        try:
+            message, fds = FROM_HOST.receive(self.channel)
+        except BadMessage as error:
+            raise RuntimeError(f"the template process sent {error}") from None
+        close_all(fds)
         if message is None:
             raise RuntimeError(f"the template process ended ({describe_status(self.process)})")
-        if message.get("type") != "state" or message.get("state") != wanted:
-            raise RuntimeError(str(message.get("description") or message)[-4000:])
+        if not isinstance(message, State) or message.state != wanted:
+            description = message.description if isinstance(message, State) else ""
+            raise RuntimeError(str(description or message)[-4000:])
         return message
 
     def hand_over(self, exported: ExportedWeights) -> dict[str, Any]:
         """Wait for the template's tree, send it the handles; returns its containment report."""
         ready = self._expect("READY")
         try:
-            self.channel.send({"type": "weights", "tensors": exported.tensors}, exported.fds)
+            self.channel.send(Weights(tensors=exported.tensors), exported.fds)
         finally:
             exported.close()  # the template holds them now; the host keeps its mapping only
         self._expect("RUNNING")
-        report = ready.get("containment")
-        return dict(report) if isinstance(report, dict) else {}
+        return dict(ready.containment or {})
 
     def relay(self, control: Channel, device: str) -> None:
         """Pass the replica's messages to the template and its answers back, until either ends.
@@ -272,14 +305,22 @@ class Template:
         template's end, ends the host (saying why in the server's log), and
         the replica starts a new one.
         """
-        sockets = {control.sock: (control, self.channel), self.channel.sock: (self.channel, control)}
+        # Each message is read as what its sender may send, and written again as
+        # that: the replica and the template see only messages of their kinds.
+        sockets: dict[socket.socket, tuple[Channel, Kinds[Any], Channel]] = {
+            control.sock: (control, TO_HOST, self.channel),
+            self.channel.sock: (self.channel, FROM_HOST, control),
+        }
         while True:
             ready, _, _ = select.select(list(sockets), [], [])
             for sock in ready:
-                source, target = sockets[sock]
+                source, kinds, target = sockets[sock]
+                message: Optional[Message]
                 try:
-                    message, fds = source.recv()
-                except (OSError, ValueError):
+                    message, fds = kinds.receive(source)
+                except (OSError, ValueError, BadMessage) as error:
+                    # Either end is a process of ours: what it cannot say ends it.
+                    print(f"nnhost host {os.getpid()}: {error}", file=sys.stderr, flush=True)
                     message, fds = None, []
                 try:
                     if message is None:
@@ -290,29 +331,25 @@ class Template:
                                   f"({describe_status(self.process)}); restarting", file=sys.stderr, flush=True)
                             os._exit(3)
                         return
-                    if source is control and message.get("type") == "place":
-                        wanted = str(message.get("device", device))
-                        if wanted == device:
-                            control.send({"type": "state", "state": "RUNNING", "description": (
-                                f"Weights on {device} (every job's process maps them).")})
+                    if isinstance(message, Place):
+                        if message.device == device:
+                            control.send(State(state="RUNNING", description=(
+                                f"Weights on {device} (every job's process maps them).")))
                             continue
                         print(f"nnhost host {os.getpid()}: the mapped design keeps the weights where "
-                              f"they were loaded ({device}); a new host loads them on {wanted}",
+                              f"they were loaded ({device}); a new host loads them on {message.device}",
                               file=sys.stderr, flush=True)
                         os._exit(3)
                     target.send(message, fds)
-                    if source is control and message.get("type") == "stop":
+                    if isinstance(message, Stop):
                         self.process.wait(timeout=10)
                         return
                 finally:
-                    for fd in fds:
-                        os.close(fd)
+                    close_all(fds)
 
 
 def start_template(environ: dict[str, str], policy: WorkerPolicy) -> Template:
     """Start the template with this host's clean environment; it applies ``environ`` itself."""
-    from dataclasses import asdict
-
     ours, theirs = pair()
     process = subprocess.Popen(
         [sys.executable, "-m", "nnhost.execution.template", str(theirs.fileno())],
@@ -320,7 +357,7 @@ def start_template(environ: dict[str, str], policy: WorkerPolicy) -> Template:
     )
     theirs.close()
     channel = Channel(ours)
-    channel.send({"type": "prepare", "environ": environ, "policy": asdict(policy)})
+    channel.send(Prepare(environ=environ, policy=policy))
     return Template(process, channel)
 
 
@@ -366,25 +403,27 @@ class Forker:
             self._reap()
             if self.control.sock not in ready:
                 continue
+            message: Optional[ToHost]
             try:
-                message, fds = self.control.recv()
+                message, fds = TO_HOST.receive(self.control)
             except (OSError, ValueError):
                 message, fds = None, []
-            for fd in fds:
-                os.close(fd)
+            except BadMessage as error:
+                # The replica's (or the host's) own mistake: said, and passed over.
+                print(f"nnhost forker {os.getpid()}: it sent {error}", file=sys.stderr, flush=True)
+                continue
+            close_all(fds)
             if message is None:
                 break  # the replica is gone
-            kind = message.get("type")
-            if kind == "fork":
-                self._fork(bool(message.get("memory_cgroup")))
-            elif kind == "discard":
-                pid = message.get("pid")
-                if pid in self.children:
-                    os.kill(pid, signal.SIGKILL)
-            elif kind == "place":
-                self.control.send({"type": "state", "state": "RUNNING",
-                                   "description": "Weights on cpu (every job's process shares them)."})
-            elif kind == "stop":
+            if isinstance(message, Fork):
+                self._fork(message.memory_cgroup)
+            elif isinstance(message, Discard):
+                if message.pid in self.children:
+                    os.kill(message.pid, signal.SIGKILL)
+            elif isinstance(message, Place):
+                self.control.send(State(state="RUNNING",
+                                        description="Weights on cpu (every job's process shares them)."))
+            elif isinstance(message, Stop):
                 break
         for pid in self.children:
             try:
@@ -402,7 +441,7 @@ class Forker:
             if pid == 0:
                 return
             self.children.discard(pid)
-            self.control.send({"type": "exit", "pid": pid, "status": os.waitstatus_to_exitcode(status)})
+            self.control.send(Exit(pid=pid, status=os.waitstatus_to_exitcode(status)))
 
     def _fork(self, memory_cgroup: bool) -> None:
         ours, theirs = pair()
@@ -418,8 +457,7 @@ class Forker:
         os.close(log_w)
         self.children.add(pid)
         try:
-            self.control.send({"type": "slot", "pid": pid, "reusable": False,
-                               "pid_namespace": self.namespaces.problem is None},
+            self.control.send(Slot(pid=pid, reusable=False, pid_namespace=self.namespaces.problem is None),
                               [ours.fileno(), log_r])
         finally:
             ours.close()
@@ -431,42 +469,38 @@ def serve_in_process(control: Channel, model: Any, runner: Runner, guard: Option
     from .handoff import receive_job
 
     ours, theirs = pair()
-    control.send({"type": "slot", "pid": os.getpid(), "reusable": True}, [theirs.fileno()])
+    control.send(Slot(pid=os.getpid(), reusable=True), [theirs.fileno()])
     theirs.close()
     jobs = Channel(ours)
-    jobs.send({"type": "ready"})
+    jobs.send(Ready())
     while True:
         ready, _, _ = select.select([control.sock, jobs.sock], [], [])
         if control.sock in ready:
-            message, fds = control.recv()
-            for fd in fds:
-                os.close(fd)
-            if message is None or message.get("type") == "stop":
+            order, fds = TO_HOST.receive(control)
+            close_all(fds)
+            if order is None or isinstance(order, Stop):
                 return
-            if message.get("type") == "place":
-                place(model, message.get("device", "cpu"))
+            if isinstance(order, Place):
+                place(model, order.device)
                 if guard is not None:
                     guard.rebaseline()
-                control.send({"type": "state", "state": "RUNNING",
-                              "description": f"Weights on {message.get('device')}."})
+                control.send(State(state="RUNNING", description=f"Weights on {order.device}."))
             continue
-        message, fds = jobs.recv()
-        if message is None:
+        job, fds = TO_JOB.receive(jobs)
+        if job is None:
             return
-        spec = receive_job(message, fds)
+        spec = receive_job(job, fds)
         intact = run_one_guarded(spec, runner, jobs)
         if not intact:
             # The job changed the model in a way that cannot be undone: exit,
             # and the replica starts a fresh process from the checkpoint.
             sys.exit(EXIT_MODEL_CHANGED)
-        jobs.send({"type": "ready"})
+        jobs.send(Ready())
 
 
 def run_one_guarded(spec: JobSpec, runner: Runner, jobs: Channel) -> bool:
     def emit(event: JobEvent) -> None:
-        message = {"type": "event", **event.to_dict()}
-        message["description"] = cut_description(message["description"])
-        jobs.send(message)
+        jobs.send(Event.of(replace(event, description=cut_description(event.description))))
 
     return runner.run(spec, emit)
 

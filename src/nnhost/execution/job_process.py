@@ -15,7 +15,8 @@ before anything of a job has been read, it:
    binds the host's weights into its copy of the model's tree
    (`mapped_weights`) half-way, once its own ``/proc`` is mounted (a GPU's
    driver starts nowhere else) and before its limits and identity;
-3. says ``ready`` and waits for exactly one ``run`` message.
+3. says it is ready (`messages.Ready`) and waits for exactly one job
+   (`messages.Run`).
 
 Then it runs that job with the `Runner` (the Python layer as before), reports
 RUNNING, LOG and one final event, and exits; the replica kills what is left.
@@ -35,11 +36,13 @@ import signal
 import sys
 import time
 import traceback
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Optional
 
 from .channel import Channel
 from .events import JobEvent, JobSpec, cut_description
 from .handoff import receive_job
+from .messages import TO_JOB, Event, Ready
 
 if TYPE_CHECKING:
     from .policy import WorkerPolicy
@@ -98,17 +101,17 @@ def live(
         # (in the mapped design that includes the tree's weights, bound here).
         gc.collect()
         gc.freeze()
-        channel.send({"type": "ready", "containment": report.to_dict()})
-        message, fds = channel.recv()
-        if message is None:
+        channel.send(Ready(containment=report.to_dict()))
+        job, fds = TO_JOB.receive(channel)
+        if job is None:
             os._exit(0)
-        spec = receive_job(message, fds)
+        spec = receive_job(job, fds)
         if policy.test_hooks:
             try:
                 _run_test_hook(spec, channel, runner)
             except Exception:
-                channel.send({"type": "event", "job_id": spec.job_id, "status": "ERROR",
-                              "description": "test hook: " + traceback.format_exc()[-8000:]})
+                channel.send(Event(job_id=spec.job_id, status="ERROR",
+                                   description="test hook: " + traceback.format_exc()[-8000:]))
                 os._exit(0)
         run_one(spec, runner, channel)
     except BaseException:
@@ -156,15 +159,13 @@ def run_one(spec: JobSpec, runner: Runner, channel: Channel) -> None:
     checked = time.perf_counter()
     before = shared_state()
     check_seconds = time.perf_counter() - checked
-    final: list[dict[str, Any]] = []
+    final: list[JobEvent] = []
 
     def emit(event: JobEvent) -> None:
-        message = {"type": "event", **event.to_dict()}
         if event.final:
-            final.append(message)  # cut once its notice is added
+            final.append(event)  # cut once its notice is added
         else:
-            message["description"] = cut_description(message["description"])
-            channel.send(message)
+            channel.send(Event.of(replace(event, description=cut_description(event.description))))
 
     runner.run(spec, emit)
     checked = time.perf_counter()
@@ -177,13 +178,14 @@ def run_one(spec: JobSpec, runner: Runner, channel: Channel) -> None:
             "that process ends with your request, so no other request sees the change."
         )
     _flush_output()
-    for message in final[:1]:
+    for event in final[:1]:
         # A traceback of a deep recursion, say, is cut to what every layer accepts.
-        message["description"] = cut_description(message["description"], notice)
-        if isinstance(message.get("meta"), dict):
+        meta = event.meta
+        if isinstance(meta, dict):
             # What the per-job check of shared state cost (benchmarks read it).
-            message["meta"]["integrity_seconds"] = round(check_seconds, 6)
-        channel.send(message)
+            meta = {**meta, "integrity_seconds": round(check_seconds, 6)}
+        channel.send(Event.of(replace(event, description=cut_description(event.description, notice),
+                                      meta=meta)))
 
 
 def _flush_output() -> None:

@@ -17,12 +17,12 @@ torch, and tells it the model. The template:
    job and exits.
 
 It talks only to the host, which relays between it and the replica: the
-same ``fork``/``discard``/``stop`` and ``slot``/``exit`` messages as the
-fork design's host, plus, from the host, ``prepare`` (the environment and
-policy: it imports the libraries then, before any model is named, so that a
-spare host's template is ready too), ``options`` (the model) and
-``weights`` (with the handles), and to the host ``state`` (the template's
-own: ready, or why it failed).
+same `Fork`/`Discard`/`Stop` and `Slot`/`Exit` messages as the fork
+design's host (`messages`), plus, from the host, `Prepare` (the environment
+and policy: it imports the libraries then, before any model is named, so
+that a spare host's template is ready too), `Options` (the model) and
+`Weights` (with the handles), and to the host `State` (the template's own:
+ready, or why it failed).
 
 It never maps the weights itself, never touches a device, and never runs
 user code.
@@ -35,9 +35,10 @@ import signal
 import socket
 import sys
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
-from .channel import Channel
+from .channel import Channel, close_all
+from .messages import Options, Prepare, State, Weights
 
 if TYPE_CHECKING:
     from .worker import WorkerOptions
@@ -51,24 +52,21 @@ def main() -> None:
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    message, _ = channel.recv()
-    if not message or message.get("type") != "prepare":
-        sys.exit(2)
-    from .policy import WorkerPolicy
-    from .worker import WorkerOptions
+    from .host import enter_environment, setup_message
 
-    policy = WorkerPolicy(**message["policy"])
-    from .host import enter_environment
-
-    namespaces_problem = enter_environment(message.get("environ") or {}, policy)
+    prepare, fds = setup_message(channel, Prepare, gone=2)
+    close_all(fds)
+    if prepare.policy is None:
+        sys.exit(2)  # the host always sends its own
+    policy = prepare.policy
+    namespaces_problem = enter_environment(dict(prepare.environ), policy)
     # A spare host's template waits here too, until the host is given its model.
-    message, _ = channel.recv()
-    if not message or message.get("type") != "options":
-        sys.exit(0 if message is None else 2)
-    options = WorkerOptions(**message["options"])
+    given, fds = setup_message(channel, Options, gone=0)
+    close_all(fds)
+    options = given.options
 
-    def state(name: str, description: str, **extra: object) -> None:
-        channel.send({"type": "state", "state": name, "description": description, **extra})
+    def state(name: str, description: str, containment: Optional[dict[str, Any]] = None) -> None:
+        channel.send(State(state=name, description=description, containment=containment))
 
     try:
         import torch
@@ -82,11 +80,10 @@ def main() -> None:
         state("UNHEALTHY", "The template process could not build the model's tree:\n" + traceback.format_exc())
         sys.exit(3)
     state("READY", "Module tree built.", containment=report.to_dict())
-    message, fds = channel.recv()
-    if not message or message.get("type") != "weights" or len(fds) < 3:
-        for fd in fds:
-            os.close(fd)
-        sys.exit(0 if message is None else 2)
+    _, fds = setup_message(channel, Weights, gone=0)
+    if len(fds) < 3:
+        close_all(fds)
+        sys.exit(2)
     # A request of our own, so that what can be done once (nnsight compiling
     # the trace, torch's first use of each operation, the unpickler and the
     # serializer) is done here and inherited by every job's process. It runs
