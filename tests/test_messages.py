@@ -176,3 +176,16 @@ def test_a_malformed_board_is_refused_saying_why(raw, says):
     with pytest.raises(MalformedMessage, match="board is malformed") as refused:
         Board.read(raw)
     assert says in str(refused.value)
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"{}", b'{"user_id": "3"}', b'{"user_id": true}',
+                                 b'{"user_id": 3, "admin": true}'])
+def test_a_malformed_session_owner_record_is_refused(raw):
+    from pydantic import ValidationError
+
+    from nnhost.jobs.bus_redis import SessionOwner
+
+    assert SessionOwner.model_validate_json(b'{"user_id": 3}').user_id == 3
+    assert SessionOwner.model_validate_json(b'{"user_id": null}').user_id is None
+    with pytest.raises(ValidationError):
+        SessionOwner.model_validate_json(raw)

@@ -11,19 +11,20 @@ served without the round trip.
 
 Frames are tagged on the wire (``t`` text, ``b`` bytes) so a pickled result
 frame stays a binary websocket frame. What arrives from Redis is checked
-(known channel, known tag) and anything else dropped: the bus must never
-raise into the job service or a websocket. It knows nothing of HTTP.
+(known channel, known tag; an owner record is a `SessionOwner`) and anything
+else dropped: the bus must never raise into the job service or a websocket.
+It knows nothing of HTTP, nor of what a frame says (`update.JobUpdate`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 from typing import Optional
 
 import redis.asyncio as aioredis
+from pydantic import BaseModel, ConfigDict, ValidationError
 from redis.asyncio.client import PubSub
 
 from .bus import Frame, Session, new_session_id
@@ -37,6 +38,16 @@ REFRESH_EVERY = OWNER_TTL / 3
 
 class BusUnavailable(RuntimeError):
     """Redis could not be reached (at start)."""
+
+
+class SessionOwner(BaseModel):
+    """A session's owner record (``PREFIX:owner:ID``): whose session it is, for any process."""
+
+    # Strict and closed: the record is read back from Redis, where any process
+    # (or anyone with access to it) may have written it; a user id is never coerced.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    user_id: Optional[int]
 
 
 def encode(frame: Frame) -> bytes:
@@ -109,8 +120,8 @@ class RedisEventBus:
     async def open(self, user_id: Optional[int]) -> Session:
         session = Session(new_session_id(), user_id)
         self._sessions[session.id] = session
-        await self._redis.set(self._owner_key(session.id), json.dumps({"user_id": user_id}),
-                              ex=OWNER_TTL)
+        await self._redis.set(self._owner_key(session.id),
+                              SessionOwner(user_id=user_id).model_dump_json(), ex=OWNER_TTL)
         channel = self._channel(session.id)
         await self._subscribe(channel)
         await self._confirmation(channel)
@@ -127,13 +138,15 @@ class RedisEventBus:
         if local is not None:
             return local
         raw = await self._redis.get(self._owner_key(session_id))
+        if raw is None:
+            return None
         try:
-            user_id = json.loads(raw)["user_id"] if raw is not None else None
-        except (ValueError, TypeError, KeyError):
+            record = SessionOwner.model_validate_json(raw)
+        except ValidationError:
+            log.warning("the owner record of session %s is malformed; the session is refused",
+                        session_id)
             return None
-        if raw is None or not (user_id is None or isinstance(user_id, int)):
-            return None
-        return Session(session_id, user_id)
+        return Session(session_id, record.user_id)
 
     async def listen(self, name: str) -> Session:
         listener = self._listeners[name] = Session(name, None)

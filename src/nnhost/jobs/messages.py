@@ -1,4 +1,4 @@
-"""The messages between the API processes and the controller: commands and their answers.
+"""What the API processes and the controller tell each other: commands, answers, the board.
 
 An API process asks the controller to deploy, evict or cancel (`controls`);
 with separate processes the command is a row of the database's ``commands``
@@ -39,11 +39,14 @@ from pydantic import (
     model_serializer,
 )
 
-from .update import JobId
+from ..execution.events import JOB_ID
+
+#: A job id as the server issues them (`execution.events.JOB_ID`, the one rule).
+JobId = Annotated[str, Field(pattern=f"^{JOB_ID.pattern}$")]
 
 
 class MalformedMessage(ValueError):
-    """A command or an answer that is not one: ``str()`` says what is wrong with it."""
+    """A command, an answer or a board that is not one: ``str()`` says what is wrong with it."""
 
 
 def problems(error: ValidationError) -> str:

@@ -22,17 +22,13 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
-from ..execution.events import JOB_ID
 from .job import Status
+from .messages import JobId, problems
 
 #: The first bytes of every encoded update, so a frame of another kind is told apart.
 MAGIC = b"nnhost-update:"
-
-#: A job id as the server issues them (`execution.events.JOB_ID`, the one rule).
-JobId = Annotated[str, StringConstraints(pattern=f"^{JOB_ID.pattern}$")]
-
 
 def _known_status(value: str) -> str:
     Status(value)  # ValueError, which pydantic reports, for a status no job has
@@ -85,12 +81,4 @@ class JobUpdate(BaseModel):
         try:
             return cls.model_validate({**header, "inline": bytes(rest) if has_inline else None})
         except ValidationError as error:
-            raise ValueError(f"a malformed job update: {_problems(error)}") from None
-
-
-def _problems(error: ValidationError) -> str:
-    """A validation error in one line: each field that failed and why."""
-    return "; ".join(
-        f"{'.'.join(str(part) for part in problem['loc']) or 'the message'}: {problem['msg']}"
-        for problem in error.errors()
-    )
+            raise ValueError(f"a malformed job update: {problems(error)}") from None
