@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from .libc import MS_BIND, MS_MOVE, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, MS_REC, MS_REMOUNT, mount
 
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from .containment import ContainmentPolicy
 
 MiB = 1024 * 1024
+#: The import roots under /tmp, found once per process tree (see `mount_scratch`).
+_tmp_roots: Optional[list[str]] = None
 
 #: Hidden by default, besides the server's own folders.
 DEFAULT_HIDDEN = ("/root", "/home", "/run", "/var/run", "/mnt", "/media", "/srv", "/var/log",
@@ -62,8 +64,14 @@ def mount_scratch(policy: ContainmentPolicy, uid: int, gid: int) -> None:
     scratch = ("/tmp", "/dev/shm", "/var/tmp")
     options = f"mode=0700,uid={uid},gid={gid}"
     # Python itself may live under /tmp (a checkout there, and its venv): hold
-    # those folders open, cover /tmp, then bind them back, read-only.
-    kept = _import_roots_under("/tmp")
+    # those folders open, cover /tmp, then bind them back, read-only. Finding
+    # them resolves the path of every loaded package, a fifth of a job
+    # process's CPU; what the replica's process kept when it covered its own
+    # /tmp is all a job forked from it can import from, so jobs reuse that.
+    global _tmp_roots
+    if _tmp_roots is None:
+        _tmp_roots = _import_roots_under("/tmp")
+    kept = _tmp_roots
     handles = [os.open(root, os.O_RDONLY | os.O_DIRECTORY) for root in kept]
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={policy.scratch_bytes},{options}")
     for root, handle in zip(kept, handles):
