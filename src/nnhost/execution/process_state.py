@@ -77,7 +77,13 @@ def fresh_random_state() -> None:
 
     import torch
 
-    torch.seed()
+    if any(getattr(torch.version, name, None) for name in ("cuda", "hip", "xpu")) or torch.backends.mps.is_built():
+        torch.seed()  # the CPU and every accelerator torch was built for
+    else:
+        # A CPU build: torch.seed() would still queue a seeding for each absent
+        # accelerator, formatting a stack trace for each: about 3% of the busy CPU
+        # samples of a server under a client loop (py-spy), once per job.
+        torch.default_generator.seed()
     random.seed()
     try:
         import numpy
