@@ -1,26 +1,34 @@
-"""The controller's composition: the fair queue, the deployments and the replicas.
+"""The controller: its parts composed, and the one loop that drives them.
 
 With ``role = "all"`` the API's lifespan builds one `Controller` and starts it
 at once. With ``role = "controller"`` `run_controller` first waits for the
 controller lease (`jobs.lease`): a second controller started against the same
 database stands by and takes over when the first stops renewing it. Either
 way the controller recovers the jobs a previous one left (requeues what had
-not started, fails what may have run), and then keeps them moving: the
-periodic sweep here, and with separate processes the `jobs.relay.Relay`
-that takes new jobs and commands from the database and publishes the board.
+not started, fails what may have run), and then keeps them moving with one
+control loop: each `Controller.tick` runs the periodic work in a fixed order
+(reports, intake, commands, dispatch, scaling, sweep, publish; see `tick`),
+in the spirit of Ray Serve's ``run_control_loop_step``. The replicas' and the
+fetcher's reports reach it through a queue (`jobs.inbox.Inbox`) that wakes
+the loop as they arrive; with separate processes the loop also relays
+(`jobs.relay.Relay`: new jobs and commands from the database, the board to it).
 
-A controller that loses its lease stops at once, without touching a job:
-another controller already acts.
+`build_controller` builds the parts in dependency order (inbox, scheduler,
+placement, deployments, fetcher, job service), each given what it uses. This
+module must never speak HTTP nor decide a job's status itself (the job
+service does); a controller that loses its lease stops at once, without
+touching a job: another controller already acts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
 from .config import Settings
 from .db import Database
@@ -30,11 +38,11 @@ from .deployments.manager import DeploymentManager
 from .deployments.nodes import NodeRoom
 from .deployments.placement import DeviceBudgets, Placement
 from .jobs.board import board
-from .jobs.bus import EventBus
+from .jobs.bus import EventBus, Session
 from .jobs.inbox import Inbox
 from .jobs.lease import RENEW_EVERY, Lease
 from .jobs.observer import JobObserver
-from .jobs.relay import Relay
+from .jobs.relay import INTAKE_EVERY, PUBLISH_EVERY, WAKE, Relay
 from .jobs.scheduler import Scheduler
 from .jobs.service import JobService
 from .jobs.store import JobStore
@@ -47,10 +55,28 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nnhost")
 
-#: How often jobs past their time limit are looked for.
+#: How often jobs past their time limit are looked for (and idle extra replicas stopped).
 STUCK_SWEEP_SECONDS = 5.0
 #: How often queues are looked at (a model that should grow another replica).
 PUMP_SECONDS = 1.0
+
+
+class Every:
+    """A step's period: due when ``seconds`` have passed since it last ran."""
+
+    def __init__(self, seconds: float, last: float = -math.inf) -> None:
+        self.seconds = seconds
+        self.last = last
+
+    def due(self, now: float) -> bool:
+        """Whether the step runs now (then it is counted as run)."""
+        if now - self.last < self.seconds:
+            return False
+        self.last = now
+        return True
+
+    def left(self, now: float) -> float:
+        return max(0.0, self.last + self.seconds - now)
 
 
 @dataclass
@@ -59,9 +85,28 @@ class Controller:
     deployments: DeploymentManager
     scheduler: Scheduler
     service: JobService
+    #: Where the deployments and the fetcher post their reports (`jobs.inbox`).
+    inbox: Inbox = field(default_factory=Inbox)
     #: The recent-jobs history the board adds to each model (`telemetry.recent`).
     recent: Optional[RecentJobs] = None
-    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    #: With separate processes: the database's side of the API (set by `start`).
+    relay: Optional[Relay] = field(default=None, init=False)
+    _loop: Optional[asyncio.Task[None]] = field(default=None, init=False)
+    #: Steps that wait on I/O, by name, while one is in flight (one of each at a time).
+    _pending: dict[str, asyncio.Task[None]] = field(default_factory=dict, init=False)
+    #: An API process called (`relay.WAKE`): intake runs at the next tick.
+    _woken: bool = field(default=False, init=False)
+    #: Set by `stop`: the loop only takes in reports from then on.
+    _stopping: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        # The first dispatch is a period after the start (the start itself pumps
+        # what recovery requeued as deployments come up); every other step runs at once.
+        self._dispatch = Every(PUMP_SECONDS, last=time.monotonic())
+        self._sweep = Every(STUCK_SWEEP_SECONDS)
+        self._results = Every(min(60.0, max(1.0, self.settings.result_retention / 4)))
+        self._intake = Every(INTAKE_EVERY)
+        self._publish = Every(PUBLISH_EVERY)
 
     def board(self) -> dict[str, Any]:
         recent = self.recent
@@ -71,50 +116,161 @@ class Controller:
             per_minute=recent.per_minute() if recent is not None else None,
         )
 
-    def start(self) -> list[str]:
-        """Recover the jobs a previous controller left, then bring the deployments up."""
+    def start(self, database: Optional[Database] = None) -> list[str]:
+        """Recover the jobs a previous controller left, bring the deployments up, and start
+        the control loop; with ``database`` (separate processes) it relays through it too.
+
+        Returns the ids of the jobs recovery put back in the queue.
+        """
         requeued = self.service.recover()
         self.deployments.start()
-        self._tasks.append(asyncio.create_task(self._sweep()))
-        self._tasks.append(asyncio.create_task(self._pump()))
+        if database is not None:
+            self.relay = Relay(self.service, database, self.board, taken=set(requeued),
+                               bus=self.service.bus)
+        self._loop = asyncio.create_task(self.run())
         return requeued
 
+    def stop_relaying(self) -> None:
+        """No more intake, commands or board from this process (it is no longer the controller)."""
+        self.relay = None
+        for name in ("wake", "intake", "publish"):
+            task = self._pending.pop(name, None)
+            if task is not None:
+                task.cancel()
+
     async def stop(self, grace: float) -> None:
-        for task in self._tasks:
+        """Graceful shutdown: nothing new is dispatched, swept or relayed; running jobs may
+        finish within ``grace`` (their reports are still taken in), the rest are requeued."""
+        self._stopping = True
+        self.stop_relaying()
+        for task in self._pending.values():
             task.cancel()
         await self.service.drain(grace)
         if self.service.on_demand is not None:
             self.service.on_demand.close()
         await run_blocking(self.deployments.stop)
+        if self._loop is not None:
+            self._loop.cancel()
 
-    async def _pump(self) -> None:
-        while True:
-            await asyncio.sleep(PUMP_SECONDS)
-            try:
-                self.service.pump_waiting()
-            except Exception:
-                log.exception("could not move a waiting queue")
+    # -- the control loop ------------------------------------------------------------
 
-    async def _sweep(self) -> None:
-        settings, loop = self.settings, asyncio.get_running_loop()
-        every = min(60.0, max(1.0, settings.result_retention / 4))
-        last = 0.0
+    async def run(self) -> None:
+        """Tick whenever a report arrives, an API process calls, or a step falls due."""
+        wake = None
+        if self.relay is not None and self.relay.bus is not None:
+            wake = await self.relay.bus.listen(WAKE)
+            self._pending["wake"] = asyncio.create_task(self._wakes(wake))
         while True:
             try:
-                # No job stays DISPATCHED or RUNNING past its limit, whatever its worker says.
-                for name in self.deployments.shrink():
-                    log.info("stopped idle extra replica %s", name)
-                stuck = self.service.sweep_stuck() if self.service.may_act() else 0
-                if stuck:
-                    log.warning("failed %d jobs that ran past their time limit", stuck)
-                if loop.time() - last >= every:
-                    last = loop.time()
-                    removed = await self.service.sweep_results()
-                    if removed:
-                        log.info("deleted %d expired results", removed)
+                self.tick()
             except Exception:
-                log.exception("job sweep failed")
-            await asyncio.sleep(STUCK_SWEEP_SECONDS)
+                log.exception("a step of the controller's loop failed")
+            await self.inbox.wait(self._next_due())
+
+    def tick(self, now: Optional[float] = None) -> None:
+        """One step of the control loop. In this order, each when it is due:
+
+        1. reports: every report the replicas and the fetcher posted since the
+           last tick, oldest first (job events, state changes and idle
+           replicas, downloads), to the job service; always;
+        2. intake: with separate processes, the jobs API processes stored in
+           the database, when one called or every `relay.INTAKE_EVERY`;
+        3. operator commands, with the intake (cancel, deploy, evict);
+        4. dispatch: every queue is pumped (`PUMP_SECONDS`), so one that waited
+           long enough grows, and one left while this process could not act
+           moves (a new job or a freed replica dispatches at once, in 1-3);
+        5. scaling: extra replicas idle long enough stop (`STUCK_SWEEP_SECONDS`);
+        6. sweep: jobs past their time limit fail (the same period); expired
+           results are deleted (a quarter of the retention, at most a minute);
+        7. publish: with separate processes, the board (`relay.PUBLISH_EVERY`).
+
+        While the controller stops, only 1 runs. A step that waits on I/O (the
+        intake's payload copies and the commands, deleting results, writing the
+        board) runs as a task, one of each at a time, so a slow database or
+        bucket never holds up the reports; a step that fails is logged and the
+        next one runs.
+        """
+        now = time.monotonic() if now is None else now
+        self.inbox.drain(self.service)
+        if self._stopping:
+            return
+        relay = self.relay
+        if relay is not None and (self._woken or self._intake.due(now)) and "intake" not in self._pending:
+            self._woken = False
+            self._start("intake", lambda: self._take_in(relay))
+        if self._dispatch.due(now):
+            self._step("could not move a waiting queue", self.service.pump_waiting)
+        if self._sweep.due(now):
+            self._step("job sweep failed", self._scale_and_sweep)
+        if self._results.due(now):
+            self._start("results", self._sweep_results)
+        if relay is not None and self._publish.due(now):
+            self._start("publish", lambda: run_blocking(relay.publish, self.board()))
+
+    def _next_due(self) -> Optional[float]:
+        if self._stopping:
+            return None
+        now = time.monotonic()
+        steps = [self._dispatch, self._sweep, self._results]
+        if self.relay is not None:
+            steps += [self._intake, self._publish]
+        return min(step.left(now) for step in steps)
+
+    @staticmethod
+    def _step(failure: str, step: Callable[[], object]) -> None:
+        try:
+            step()
+        except Exception:
+            log.exception(failure)
+
+    def _start(self, name: str, work: Callable[[], Awaitable[object]]) -> None:
+        """Run an I/O step as a task, unless one of its kind is in flight."""
+        if name in self._pending:
+            return
+
+        async def step() -> None:
+            try:
+                await work()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("the controller's %s step failed; trying again", name)
+
+        task = asyncio.create_task(step())
+        self._pending[name] = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            if self._pending.get(name) is task:
+                del self._pending[name]
+            self.inbox.nudge()  # a wake that came meanwhile runs the step again now
+
+        task.add_done_callback(done)
+
+    def _scale_and_sweep(self) -> None:
+        # No job stays DISPATCHED or RUNNING past its limit, whatever its worker says.
+        for name in self.deployments.shrink():
+            log.info("stopped idle extra replica %s", name)
+        stuck = self.service.sweep_stuck() if self.service.may_act() else 0
+        if stuck:
+            log.warning("failed %d jobs that ran past their time limit", stuck)
+
+    async def _sweep_results(self) -> None:
+        removed = await self.service.sweep_results()
+        if removed:
+            log.info("deleted %d expired results", removed)
+
+    @staticmethod
+    async def _take_in(relay: Relay) -> None:
+        await relay.intake()
+        relay.carry_out_commands()
+
+    async def _wakes(self, wake: Session) -> None:
+        while True:
+            await wake.next()
+            while not wake.queue.empty():  # one look serves every call made meanwhile
+                wake.queue.get_nowait()
+            self._woken = True
+            self.inbox.nudge()
 
 
 def placement_for(factory: ReplicaFactory, budgets: dict[str, int]) -> Placement:
@@ -138,9 +294,9 @@ def build_controller(
     from .app import memory_budgets, replica_factory, worker_environ
 
     loop = asyncio.get_running_loop()
-    # Built in dependency order. The manager and the fetcher report to the inbox,
-    # which the job service is connected to once it exists; the manager asks the
-    # scheduler (built first) whether a deployment has work.
+    # Built in dependency order. The manager and the fetcher post their reports to
+    # the inbox, which the controller's loop hands to the job service; the manager
+    # asks the scheduler (built first) whether a deployment has work.
     inbox = Inbox()
     scheduler = Scheduler()
     factory = replica_factory(settings)
@@ -176,8 +332,7 @@ def build_controller(
         )
     service = JobService(settings, store, bus, scheduler, deployments, payloads, results,
                          observers=observers, on_demand=on_demand)
-    inbox.connect(service)
-    return Controller(settings, deployments, scheduler, service, recent)
+    return Controller(settings, deployments, scheduler, service, inbox, recent)
 
 
 async def run_controller(
@@ -201,10 +356,7 @@ async def run_controller(
     # before a standby can have taken over (machines' clocks must agree within a second).
     controller.service.may_act = lambda: time.monotonic() - renewed < lease.ttl - RENEW_EVERY
     on_acting(controller)
-    taken = controller.start()
-    relay = Relay(controller.service, database, controller.board, taken=set(taken),
-                  bus=controller.service.bus)
-    relaying = asyncio.create_task(relay.run())
+    controller.start(database)
     try:
         while True:
             await asyncio.sleep(RENEW_EVERY)
@@ -224,4 +376,4 @@ async def run_controller(
                 logging.shutdown()
                 os._exit(3)
     finally:
-        relaying.cancel()
+        controller.stop_relaying()
