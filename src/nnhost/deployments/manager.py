@@ -19,8 +19,10 @@ demoted. If nothing can make room the model waits, and says why. The
 manager asks the same questions whichever placement it holds.
 
 Replica callbacks arrive on replica threads; the manager moves them onto the
-event loop, so everything above it is single-threaded. It decides placement;
-it never decides which job runs (that is the scheduler's).
+event loop and hands them to the callbacks it was given (the controller's
+inbox), so everything above it is single-threaded. It holds the levels and
+replicas and carries out what its placement decides; it never decides which
+job runs (that is the scheduler's).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Recording a job's change and telling whoever waits for it: the one way a status is written.
+"""Recording a job's change and telling whoever waits: the controller's one way to write a status.
 
 Why it exists: the controller's parts (the job service, its result committer,
 its upkeep) all move jobs, and each change must land the same way: written

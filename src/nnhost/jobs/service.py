@@ -9,9 +9,9 @@ COMPLETED result is committed to the result store first (`Completion`), and
 announced with the size the store holds. A job no replica finishes in time is
 failed by `Upkeep.sweep_stuck`. Both are collaborators it builds and holds,
 given exactly what they use, and every status is written through one
-`recorder.Recorder`. It runs on the controller's
-event loop only (the deployment manager hops replica callbacks onto it), so it
-needs no locks. It knows nothing of HTTP: what it publishes are `update.JobUpdate`
+`recorder.Recorder`. It runs on the controller's event loop only (replica
+events reach it through the controller's loop, `inbox.Inbox`), so it needs
+no locks. It knows nothing of HTTP: what it publishes are `update.JobUpdate`
 facts, which the API process holding the websocket frames for the client.
 """
 
