@@ -263,6 +263,33 @@ def test_fair_queue_lets_a_small_user_through_a_big_users_backlog(swap_server, s
     assert last_b < fiftieth_a, owners[: last_b + 1]
 
 
+def test_a_light_users_three_jobs_pass_a_heavy_users_sixteen(swap_server, swap_home):
+    """Issue 23's fairness bar: at most 6 of the heavy user's jobs finish before the light user's last.
+
+    Both users start with nothing used; the queue charges each the run time the
+    server measured, so after the heavy user's first long job the light user's
+    short ones go first.
+    """
+    _, snapshots = swap_home
+    heavy = _new_key(swap_server, "heavy@example.org")
+    light = _new_key(swap_server, "light@example.org")
+    model = local_model(snapshots[MODEL_A])
+    long_blob, short_blob = _payload(model, 0.3), _payload(model, 0.0)
+    blocker = _submit(swap_server, API_KEY, MODEL_A, _payload(model, 5.0))
+    submitted = {_submit(swap_server, heavy, MODEL_A, long_blob): "heavy" for _ in range(16)}
+    submitted.update({_submit(swap_server, light, MODEL_A, short_blob): "light" for _ in range(3)})
+    assert httpx.get(f"{swap_server.url}/response/{blocker}", headers=headers()).json()[
+        "status"
+    ] not in ("COMPLETED", "ERROR"), "the jobs took longer to submit than the blocker ran"
+    for job_id, user in submitted.items():
+        assert _wait(swap_server, heavy if user == "heavy" else light, job_id, timeout=300)["status"] == "COMPLETED"
+    jobs = httpx.get(f"{swap_server.url}/admin/jobs", params={"model": MODEL_A, "limit": 1000},
+                     headers=headers()).json()["jobs"]
+    order = [submitted[j["id"]] for j in sorted(jobs, key=lambda j: j["updated_at"]) if j["id"] in submitted]
+    last_light = max(i for i, user in enumerate(order) if user == "light")
+    assert order[:last_light].count("heavy") <= 6, order
+
+
 def test_cancel_a_queued_and_a_running_job(swap_server, swap_home):
     _, snapshots = swap_home
     model = local_model(snapshots[MODEL_A])
