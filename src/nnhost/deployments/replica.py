@@ -10,7 +10,9 @@ the slot's own channel, together with the job's two open files, and the slot
 is killed when the job ends: no process runs a second job. (In trusted mode
 and on accelerators the host itself is one reusable slot.)
 
-Everything a slot says is checked (`job_watch`): the replica forwards only
+The slots are owned by a collaborator, `slots.JobProcesses`, which is given
+what it needs of its replica (`slots.ReplicaSide`: tell the host, kill it,
+report). Everything a slot says is checked (`job_watch`): the replica forwards only
 the events of the job it gave that slot, in order, and fails the job with a
 clear ERROR, killing the slot, on anything else, on silence past the time
 limit plus the grace, and when the slot dies. Its stdout and stderr arrive on
@@ -35,15 +37,13 @@ from typing import Any, Optional
 from ..execution.cgroups import JobGroups
 from ..execution.channel import BadMessage, Channel, close_all
 from ..execution.events import JobSpec
-from ..execution.handoff import send_job
 from ..execution.job_process import describe_exit
-from ..execution.messages import FROM_HOST, Exit, Fork, Message, Options, Place, State, Stop
+from ..execution.messages import FROM_HOST, Exit, Message, Options, Place, State, Stop
 from ..execution.messages import Slot as SlotMessage
 from ..execution.policy import Design, WorkerPolicy
 from ..execution.worker import WorkerOptions, crash_hint
 from .contract import OnIdle, OnIncident, OnJobEvent, OnState, ReplicaState, ReplicaStatus
 from .incidents import Incident
-from .job_watch import JobWatch, LogLines
 from .slots import JobProcesses, Slot
 from .spare_hosts import SPARES, clean_environment, start_host
 from .stuck import process_snapshot
@@ -62,8 +62,8 @@ def _signal_name(exitcode: Optional[int]) -> str:
     return describe_exit(exitcode)
 
 
-class LocalReplica(JobProcesses):
-    """A replica backed by a host process and its job processes on this machine."""
+class LocalReplica:
+    """A replica backed by a host process and its job processes (`slots.JobProcesses`) on this machine."""
 
     def __init__(
         self,
@@ -92,30 +92,26 @@ class LocalReplica(JobProcesses):
         self._control: Optional[Channel] = None
         self._state = ReplicaState(ReplicaStatus.NOT_STARTED, "Not started.")
         self._host_containment: Optional[dict[str, Any]] = None
-        self._slots: dict[int, Slot] = {}
-        self._spare: Optional[Slot] = None
-        self._current: Optional[Slot] = None
         self._kill_reason: Optional[str] = None
         self._stopping = False
         self._generation = 0
         self._restart_at: Optional[float] = None
-        self._early_deaths = 0
-        #: When a job process was asked for that is not ready yet (None: none is awaited).
-        self._asked_at: Optional[float] = None
         self._groups: Optional[JobGroups] = None
         self._watchdog: Optional[threading.Thread] = None
+        self.jobs = JobProcesses(name, self.policy, self._lock, self, on_job_event=on_job_event,
+                                 on_idle=on_idle, on_incident=on_incident)
 
     # -- the Replica seam ------------------------------------------------------
 
     @property
     def busy(self) -> bool:
         """Running a job (eviction and the queue's estimates ask this)."""
-        return self._current is not None
+        return self.jobs.current is not None
 
     @property
     def accepting(self) -> bool:
         """Free, with a job process forked and contained, waiting for a job."""
-        return self._current is None and self._spare is not None
+        return self.jobs.current is None and self.jobs.spare is not None
 
     def health(self) -> ReplicaState:
         return self._state
@@ -130,7 +126,7 @@ class LocalReplica(JobProcesses):
         with self._lock:
             self.options.device = device
             if self._control is not None and self._state.state is ReplicaStatus.RUNNING:
-                self._send_control(Place(device=device))
+                self.send_control(Place(device=device))
 
     def start(self) -> None:
         with self._lock:
@@ -145,35 +141,20 @@ class LocalReplica(JobProcesses):
 
     def submit(self, spec: JobSpec) -> None:
         with self._lock:
-            if self._current is not None:
-                assert self._current.job is not None  # the current slot is the one running a job
-                raise RuntimeError(f"replica {self.name} is busy with {self._current.job.job_id}")
-            slot = self._spare
-            if self._state.state is not ReplicaStatus.RUNNING or slot is None:
+            current = self.jobs.current
+            if current is not None:
+                assert current.job is not None  # the current slot is the one running a job
+                raise RuntimeError(f"replica {self.name} is busy with {current.job.job_id}")
+            if self._state.state is not ReplicaStatus.RUNNING or self.jobs.spare is None:
                 raise RuntimeError(f"replica {self.name} is not ready ({self._state.state})")
-            self._spare = None
-            slot.job, slot.watch = spec, JobWatch(spec)
-            slot.lines = LogLines(spec.max_log_lines)
-            slot.started = time.monotonic()
-            self._current = slot
-            try:
-                # The job's files travel as open descriptors: a contained
-                # process cannot see the data directory (execution.handoff).
-                send_job(slot.channel, spec)
-            except Exception as error:
-                # The slot died just now, the job's files are not there, or the
-                # job does not fit the channel: whatever it is, it fails this job
-                # (its reader reports the reason), never the replica.
-                self._kill_slot(slot, f"The server could not hand your request to its process ({error}).")
-            if not slot.reusable:
-                self._request_fork()
+            self.jobs.submit(spec)
 
     def cancel(self, job_id: str) -> bool:
         with self._lock:
-            slot = self._current
+            slot = self.jobs.current
             if slot is None or slot.job is None or slot.job.job_id != job_id:
                 return False
-            self._kill_slot(slot, "Your request was cancelled while it was running.")
+            self.jobs.kill(slot, "Your request was cancelled while it was running.")
             return True
 
     def stop(self) -> None:
@@ -181,7 +162,7 @@ class LocalReplica(JobProcesses):
             self._stopping = True
             self._restart_at = None
             host = self._host
-            self._send_control(Stop())
+            self.send_control(Stop())
         if host is not None:
             try:
                 host.wait(timeout=5)
@@ -205,7 +186,7 @@ class LocalReplica(JobProcesses):
         control.send(Options(options=self.options))
         SPARES.keep(env, environ, self.policy.spare_hosts)
         self._generation += 1
-        self._asked_at = None
+        self.jobs.asked_at = None
         self._host, self._control = host, control
         self._kill_reason = None
         self._host_containment = None
@@ -215,7 +196,25 @@ class LocalReplica(JobProcesses):
             name=f"host-{self.name}", daemon=True,
         ).start()
 
-    def _send_control(self, message: Message) -> None:
+    # -- what its job processes need of it (`slots.ReplicaSide`) ----------------------------
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    @property
+    def groups(self) -> Optional[JobGroups]:
+        return self._groups
+
+    @property
+    def host_kill_reason(self) -> Optional[str]:
+        return self._kill_reason
+
+    def send_control(self, message: Message) -> None:
         if self._control is None:
             return
         try:
@@ -223,10 +222,16 @@ class LocalReplica(JobProcesses):
         except OSError:
             pass
 
-    def _request_fork(self) -> None:
-        if self._asked_at is None:
-            self._asked_at = time.monotonic()
-        self._send_control(Fork(memory_cgroup=bool(self._groups and self._groups.available)))
+    def kill_host(self, reason: Optional[str]) -> None:
+        self._kill_reason = reason or self._kill_reason
+        if self._host is not None and self._host.poll() is None:
+            self._host.kill()
+
+    def show_containment(self, slot: Slot) -> None:
+        self._set_state(ReplicaState(**{**asdict(self._state), "containment": self._containment(slot)}))
+
+    def unhealthy(self, description: str) -> None:
+        self._set_state(ReplicaState(ReplicaStatus.UNHEALTHY, description, containment=self._containment()))
 
     def _read_control(self, control: Channel, host: subprocess.Popen[bytes], generation: int) -> None:
         asked_first = False
@@ -257,11 +262,11 @@ class LocalReplica(JobProcesses):
                 if status is ReplicaStatus.RUNNING and not asked_first:
                     asked_first = True
                     with self._lock:
-                        self._request_fork()
+                        self.jobs.request_fork()
             elif isinstance(message, SlotMessage) and fds:
-                self._add_slot(message, fds, generation)
+                self.jobs.add(message, fds, generation)
             elif isinstance(message, Exit):
-                self._slot_exited(message.pid, message.status)
+                self.jobs.exited(message.pid, message.status)
             else:
                 close_all(fds)
         try:
@@ -271,56 +276,20 @@ class LocalReplica(JobProcesses):
             host.wait()
         self._host_died(host, generation)
 
-    def _add_slot(self, message: SlotMessage, fds: list[int], generation: int) -> None:
-        slot = Slot(message.pid, Channel(_socket(fds[0])), fds[1] if len(fds) > 1 else -1,
-                    reusable=message.reusable, generation=generation)
-        close_all(fds[2:])
-        with self._lock:
-            self._slots[slot.pid] = slot
-            if self._groups is not None and self._groups.available and not slot.reusable:
-                limits = self.policy.limits
-                memory = (limits.memory_bytes or 8 << 30) + limits.scratch_bytes
-                try:
-                    self._groups.attach(slot.pid, memory, limits.extra_tasks + 64)
-                except OSError as error:
-                    self._groups.problem = f"cannot use a cgroup: {error.strerror or error}"
-                    self._kill_slot(slot, None)
-                    self._request_fork()  # the next one falls back to RLIMIT_AS
-        threading.Thread(target=self._read_slot, args=(slot,), name=f"job-{self.name}", daemon=True).start()
-
-    def _slot_exited(self, pid: int, status: int) -> None:
-        with self._lock:
-            slot = self._slots.pop(pid, None)
-        if slot is None:
-            return
-        slot.exit_code = status
-        groups = self._groups
-        if groups is not None and not slot.reusable:
-            slot.out_of_memory = groups.ran_out_of_memory(slot.pid)
-        slot.exited.set()
-        if groups is not None and not slot.reusable:
-            threading.Thread(target=groups.remove, args=(slot.pid,), daemon=True).start()
-
     def _host_died(self, host: subprocess.Popen[bytes], generation: int) -> None:
         with self._lock:
             if generation != self._generation:
                 return
-            slots = [s for s in self._slots.values() if s.generation == generation]
-            self._slots = {p: s for p, s in self._slots.items() if s.generation != generation}
-            self._spare = None
             reason = self._kill_reason or (
                 f"The worker process stopped ({_signal_name(host.returncode)})." + crash_hint(host.returncode)
             )
-            current, self._current = self._current, None
+            current = self.jobs.host_died(generation, reason)
             stopping = self._stopping
             unhealthy_at_load = self._state.state is ReplicaStatus.UNHEALTHY
-            for slot in slots:
-                slot.kill_reason = slot.kill_reason or reason
-                slot.exited.set()
         if (current is not None and current.job is not None and current.watch is not None
                 and not current.watch.finished):
             current.watch.finished = True
-            self._fail(current, f"{reason} The model's worker was restarted; you can resubmit your request.")
+            self.jobs.fail(current, f"{reason} The model's worker was restarted; you can resubmit your request.")
         if stopping or unhealthy_at_load:
             return
         self._on_incident(Incident.WORKER_RESTART)
@@ -342,7 +311,7 @@ class LocalReplica(JobProcesses):
                     if not self._stopping:
                         self._spawn()
                 self._check_start_deadline()
-                slot = self._current
+                slot = self.jobs.current
                 if slot is None or slot.job is None or slot.kill_reason:
                     continue
                 job = slot.job
@@ -350,7 +319,7 @@ class LocalReplica(JobProcesses):
                     continue
                 if time.monotonic() - slot.started - job.time_limit > self._kill_grace:
                     self._on_incident(Incident.TIME_LIMIT_KILL)
-                    self._kill_slot(slot, (
+                    self.jobs.kill(slot, (
                         f"Your request exceeded this server's time limit of "
                         f"{job.time_limit:g} seconds and did not stop when interrupted, "
                         "so its worker process was killed."
@@ -362,13 +331,13 @@ class LocalReplica(JobProcesses):
         Without this a job would wait for it for ever, QUEUED, with nothing in
         any log. What each waiting process was doing goes to the server log.
         """
-        asked, limit = self._asked_at, self.policy.job_start_timeout
-        if asked is None or self._stopping or self._spare is not None or time.monotonic() - asked <= limit:
+        asked, limit = self.jobs.asked_at, self.policy.job_start_timeout
+        if asked is None or self._stopping or self.jobs.spare is not None or time.monotonic() - asked <= limit:
             return
         if self._state.state is not ReplicaStatus.RUNNING:
             return
-        self._asked_at = None
-        waiting = [slot for slot in self._slots.values() if not slot.ready and slot.job is None]
+        self.jobs.asked_at = None
+        waiting = self.jobs.waiting()
         for slot in waiting:
             log.error("job process %s of %s is not ready after %.0f s: %s",
                       slot.pid, self.name, limit, process_snapshot(slot.pid))
@@ -376,7 +345,7 @@ class LocalReplica(JobProcesses):
         if not waiting and host is not None:
             log.error("the worker of %s made no job process in %.0f s: %s",
                       self.name, limit, process_snapshot(host.pid))
-        self._unhealthy(
+        self.unhealthy(
             f"No job process was ready {limit:g} s after it was asked for ("
             + (f"{len(waiting)} forked, none ready" if waiting else "none was forked")
             + "; job_start_timeout). What each process was doing is in the server log."
@@ -410,18 +379,7 @@ class LocalReplica(JobProcesses):
             report["unavailable"]["memory cgroup"] = f"{self._groups.problem}; RLIMIT_AS instead"
         return report
 
-    def _show_containment(self, slot: Slot) -> None:
-        self._set_state(ReplicaState(**{**asdict(self._state), "containment": self._containment(slot)}))
-
-    def _unhealthy(self, description: str) -> None:
-        self._set_state(ReplicaState(ReplicaStatus.UNHEALTHY, description, containment=self._containment()))
-
     def _set_state(self, state: ReplicaState) -> None:
         self._state = state
         self._on_state(state)
 
-
-def _socket(fd: int) -> Any:
-    import socket
-
-    return socket.socket(fileno=fd)

@@ -1,10 +1,13 @@
-"""The job processes of a replica: reading each one's channel and log pipe, and ending it.
+"""The job processes of a replica: handing each its job, reading its channel and log pipe, ending it.
 
-`JobProcesses` is the half of `LocalReplica` (a mixin) that deals with
+`JobProcesses` is the collaborator of `replica.LocalReplica` that deals with
 *slots*: processes that run one job (or, in trusted mode and on accelerators,
-the host itself as one reusable slot). One thread per slot reads its channel
-and its stdout/stderr pipe; every message is checked (`job_watch`) before
-anything reaches the server, and the slot is killed on anything unexpected.
+the host itself as one reusable slot). It owns them: which is ready, which
+runs the job, which are still awaited. It is given what it needs of its
+replica as a `ReplicaSide` (tell the host, kill it, report), never the
+replica's own state. One thread per slot reads its channel and its
+stdout/stderr pipe; every message is checked (`job_watch`) before anything
+reaches the server, and the slot is killed on anything unexpected.
 """
 
 from __future__ import annotations
@@ -12,23 +15,23 @@ from __future__ import annotations
 import logging
 import os
 import selectors
+import socket
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
-from ..execution.channel import BadMessage, Channel
+from ..execution.channel import BadMessage, Channel, close_all
 from ..execution.events import JobEvent, JobSpec, cut_description
-from ..execution.handoff import discard_result
+from ..execution.handoff import discard_result, send_job
 from ..execution.job_process import describe_exit
-from ..execution.messages import FROM_JOB, Discard, FromJob, Message, Ready
+from ..execution.messages import FROM_JOB, Discard, Fork, FromJob, Message, Ready
+from ..execution.messages import Slot as SlotMessage
 from ..execution.worker import crash_hint
 from .incidents import Incident
 from .job_watch import JobWatch, LogLines, Violation, refused
 
 if TYPE_CHECKING:
-    import subprocess
-
     from ..execution.cgroups import JobGroups
     from ..execution.policy import WorkerPolicy
     from .contract import OnIdle, OnIncident, OnJobEvent
@@ -58,29 +61,146 @@ class Slot:
 
 
 
-class JobProcesses:
-    """Slot handling for `LocalReplica` (which provides the state and callbacks used here)."""
+class ReplicaSide(Protocol):
+    """What a replica's job processes need of the replica they serve (`replica.LocalReplica`)."""
 
-    # What LocalReplica provides, declared so that the code here is checked against it.
-    name: str
-    policy: WorkerPolicy
-    _lock: threading.RLock
-    _spare: Optional[Slot]
-    _current: Optional[Slot]
-    _host: Optional[subprocess.Popen[bytes]]
-    _kill_reason: Optional[str]
-    _stopping: bool
-    _generation: int
-    _early_deaths: int
-    _asked_at: Optional[float]
-    _on_job_event: OnJobEvent
-    _on_idle: OnIdle
-    _on_incident: OnIncident
-    _show_containment: Callable[[Slot], None]
-    _send_control: Callable[[Message], None]
-    _request_fork: Callable[[], None]
-    _unhealthy: Callable[[str], None]
-    _groups: Optional[JobGroups]
+    @property
+    def stopping(self) -> bool:
+        """The replica is stopping: no job process is wanted any more."""
+
+    @property
+    def generation(self) -> int:
+        """Which host the replica runs now (a new one after a restart)."""
+
+    @property
+    def groups(self) -> Optional[JobGroups]:
+        """The memory cgroups of its job processes (None: one process runs every job)."""
+
+    @property
+    def host_kill_reason(self) -> Optional[str]:
+        """Why the host was killed, if it was (a reusable slot's job fails with it)."""
+
+    def send_control(self, message: Message) -> None:
+        """Tell the host (`execution.host`); nothing happens once it is gone."""
+
+    def kill_host(self, reason: Optional[str]) -> None:
+        """Kill the host, which ran the job itself (a reusable slot), for ``reason``."""
+
+    def unhealthy(self, description: str) -> None:
+        """Report the replica UNHEALTHY."""
+
+    def show_containment(self, slot: Slot) -> None:
+        """Report the layers ``slot``'s process said it runs under."""
+
+
+class JobProcesses:
+    """A replica's job processes (*slots*): which is ready, which runs the job, and every word they say.
+
+    It owns the slots and is given what it needs of its replica (`ReplicaSide`)
+    and the replica's lock, which guards the state of both.
+    """
+
+    def __init__(self, name: str, policy: WorkerPolicy, lock: threading.RLock, replica: ReplicaSide, *,
+                 on_job_event: OnJobEvent, on_idle: OnIdle, on_incident: OnIncident) -> None:
+        self.name = name
+        self.policy = policy
+        self._lock = lock
+        self._replica = replica
+        self._on_job_event = on_job_event
+        self._on_idle = on_idle
+        self._on_incident = on_incident
+        #: Every slot of the replica's hosts, by pid, until the host reports its exit.
+        self.slots: dict[int, Slot] = {}
+        #: The slot that is ready for the next job, and the one running a job.
+        self.spare: Optional[Slot] = None
+        self.current: Optional[Slot] = None
+        #: Job processes of this host that died before their first job, in a row.
+        self.early_deaths = 0
+        #: When a job process was asked for that is not ready yet (None: none is awaited).
+        self.asked_at: Optional[float] = None
+
+    # -- what the replica asks -------------------------------------------------------------
+
+    def request_fork(self) -> None:
+        """Ask the host for the next job process."""
+        if self.asked_at is None:
+            self.asked_at = time.monotonic()
+        groups = self._replica.groups
+        self._replica.send_control(Fork(memory_cgroup=bool(groups and groups.available)))
+
+    def submit(self, spec: JobSpec) -> None:
+        """Hand ``spec`` to the spare slot (the caller holds the lock and checked there is one)."""
+        slot = self.spare
+        assert slot is not None  # LocalReplica.submit checked
+        self.spare = None
+        slot.job, slot.watch = spec, JobWatch(spec)
+        slot.lines = LogLines(spec.max_log_lines)
+        slot.started = time.monotonic()
+        self.current = slot
+        try:
+            # The job's files travel as open descriptors: a contained
+            # process cannot see the data directory (execution.handoff).
+            send_job(slot.channel, spec)
+        except Exception as error:
+            # The slot died just now, the job's files are not there, or the
+            # job does not fit the channel: whatever it is, it fails this job
+            # (its reader reports the reason), never the replica.
+            self.kill(slot, f"The server could not hand your request to its process ({error}).")
+        if not slot.reusable:
+            self.request_fork()
+
+    def add(self, message: SlotMessage, fds: list[int], generation: int) -> None:
+        """A slot the host made (descriptors: its channel, its log pipe); its reader starts."""
+        slot = Slot(message.pid, Channel(socket.socket(fileno=fds[0])), fds[1] if len(fds) > 1 else -1,
+                    reusable=message.reusable, generation=generation)
+        close_all(fds[2:])
+        with self._lock:
+            self.slots[slot.pid] = slot
+            groups = self._replica.groups
+            if groups is not None and groups.available and not slot.reusable:
+                limits = self.policy.limits
+                memory = (limits.memory_bytes or 8 << 30) + limits.scratch_bytes
+                try:
+                    groups.attach(slot.pid, memory, limits.extra_tasks + 64)
+                except OSError as error:
+                    groups.problem = f"cannot use a cgroup: {error.strerror or error}"
+                    self.kill(slot, None)
+                    self.request_fork()  # the next one falls back to RLIMIT_AS
+        threading.Thread(target=self._read_slot, args=(slot,), name=f"job-{self.name}", daemon=True).start()
+
+    def exited(self, pid: int, status: int) -> None:
+        """The host reaped the slot ``pid``."""
+        with self._lock:
+            slot = self.slots.pop(pid, None)
+        if slot is None:
+            return
+        slot.exit_code = status
+        groups = self._replica.groups
+        if groups is not None and not slot.reusable:
+            slot.out_of_memory = groups.ran_out_of_memory(slot.pid)
+        slot.exited.set()
+        if groups is not None and not slot.reusable:
+            threading.Thread(target=groups.remove, args=(slot.pid,), daemon=True).start()
+
+    def host_died(self, generation: int, reason: str) -> Optional[Slot]:
+        """The host of ``generation`` is gone, and its slots with it: the one that ran a job, if any.
+
+        The caller holds the lock.
+        """
+        slots = [s for s in self.slots.values() if s.generation == generation]
+        self.slots = {p: s for p, s in self.slots.items() if s.generation != generation}
+        self.spare = None
+        current, self.current = self.current, None
+        for slot in slots:
+            slot.kill_reason = slot.kill_reason or reason
+            slot.exited.set()
+        return current
+
+    def waiting(self) -> list[Slot]:
+        """The job processes forked and not ready yet."""
+        return [slot for slot in self.slots.values() if not slot.ready and slot.job is None]
+
+    # -- each slot's reader ----------------------------------------------------------------
 
     def _read_slot(self, slot: Slot) -> None:
         selector = selectors.DefaultSelector()
@@ -121,30 +241,30 @@ class JobProcesses:
             # Before its job the process has run no user code: "ready" is the only
             # message it may send, once (a reusable slot: once after each job).
             if not isinstance(message, Ready) or slot.ready and not slot.reusable:
-                self._kill_slot(slot, None)
+                self.kill(slot, None)
                 return False
             slot.ready = True
             if slot.reusable:
                 slot.job = slot.watch = None
             if message.containment is not None:
                 slot.containment = dict(message.containment)
-                self._show_containment(slot)
+                self._replica.show_containment(slot)
             with self._lock:
-                if self._spare is None and not self._stopping and (
-                    not slot.reusable or self._current is None
+                if self.spare is None and not self._replica.stopping and (
+                    not slot.reusable or self.current is None
                 ):
-                    self._spare = slot
-                    self._early_deaths = 0
-                    self._asked_at = None
+                    self.spare = slot
+                    self.early_deaths = 0
+                    self.asked_at = None
                     ready = True
                 else:
                     ready = False
             if ready:
                 self._on_idle()
             else:
-                self._kill_slot(slot, None)
+                self.kill(slot, None)
             return True
-        assert slot.watch is not None  # set with its job (LocalReplica.submit)
+        assert slot.watch is not None  # set with its job (JobProcesses.submit)
         checked = slot.watch.check(message)
         if isinstance(checked, Violation):
             self._violation(slot, checked)
@@ -163,8 +283,8 @@ class JobProcesses:
             # Free before telling anyone: a client that has its result may at once ask
             # to evict the model, and must not find the replica still "busy".
             with self._lock:
-                if self._current is slot:
-                    self._current = None
+                if self.current is slot:
+                    self.current = None
             self._on_job_event(checked)
             self._job_done(slot)
             return slot.reusable
@@ -178,7 +298,7 @@ class JobProcesses:
             if text:
                 log.warning("job process %s of %s: %s", slot.pid, self.name, text[-2000:])
             return
-        assert slot.watch is not None  # set with its job and lines (LocalReplica.submit)
+        assert slot.watch is not None  # set with its job and lines (JobProcesses.submit)
         if slot.watch.finished and not draining:
             return
         for line in slot.lines.feed(data):
@@ -211,10 +331,10 @@ class JobProcesses:
 
     def _job_done(self, slot: Slot) -> None:
         with self._lock:
-            if self._current is slot:
-                self._current = None
+            if self.current is slot:
+                self.current = None
             if not slot.reusable:
-                self._kill_slot(slot, None)
+                self.kill(slot, None)
         self._on_idle()
 
     def _violation(self, slot: Slot, why: str) -> None:
@@ -223,14 +343,14 @@ class JobProcesses:
             if job is not None and slot.watch is not None and not slot.watch.finished:
                 slot.watch.finished = True
                 self._on_incident(Incident.PROTOCOL_VIOLATION)
-                self._fail(
+                self.fail(
                     slot,
                     f"Your request's process broke the server's protocol ({why}), so it was "
                     "stopped. Nothing it sent was kept.",
                 )
-                if self._current is slot:
-                    self._current = None
-            self._kill_slot(slot, None)
+                if self.current is slot:
+                    self.current = None
+            self.kill(slot, None)
         log.warning("job process %s of %s: %s", slot.pid, self.name, why)
         self._on_idle()
 
@@ -241,13 +361,13 @@ class JobProcesses:
             os.close(slot.log_fd)
             slot.log_fd = -1
         with self._lock:
-            was_spare = self._spare is slot
+            was_spare = self.spare is slot
             if was_spare:
-                self._spare = None
+                self.spare = None
         if slot.job is not None and slot.watch is not None and not slot.watch.finished:
             slot.watch.finished = True
             slot.exited.wait(2.0)
-            reason = slot.kill_reason or self._kill_reason
+            reason = slot.kill_reason or self._replica.host_kill_reason
             if reason is None and not slot.out_of_memory:
                 self._on_incident(Incident.JOB_PROCESS_DIED)
             elif slot.out_of_memory:
@@ -257,19 +377,19 @@ class JobProcesses:
                 reason = f"Your request's process stopped ({describe_exit(code)})." + crash_hint(code)
                 if slot.out_of_memory:
                     reason = f"{self._out_of_memory()} and was stopped. Use fewer or shorter inputs, or save less."
-            self._fail(slot, f"{reason} You can resubmit your request.")
+            self.fail(slot, f"{reason} You can resubmit your request.")
             with self._lock:
-                if self._current is slot:
-                    self._current = None
+                if self.current is slot:
+                    self.current = None
             self._on_idle()
-        elif slot.job is None and not slot.reusable and not self._stopping:
+        elif slot.job is None and not slot.reusable and not self._replica.stopping:
             with self._lock:
-                if slot.generation == self._generation and (was_spare or not slot.ready):
-                    self._early_deaths += 1
-                    if self._early_deaths <= 5:
-                        self._request_fork()
+                if slot.generation == self._replica.generation and (was_spare or not slot.ready):
+                    self.early_deaths += 1
+                    if self.early_deaths <= 5:
+                        self.request_fork()
                     else:
-                        self._unhealthy("Job processes keep dying before their first job; see the server log.")
+                        self._replica.unhealthy("Job processes keep dying before their first job; see the server log.")
 
     def _out_of_memory(self) -> str:
         limit = self.policy.limits.memory_bytes or 8 << 30
@@ -285,7 +405,7 @@ class JobProcesses:
         slow a job to its time limit: the error the job itself reports (a time
         limit, say) then hides the real cause.
         """
-        groups = self._groups
+        groups = self._replica.groups
         if (
             groups is None or slot.reusable or "ran out of the memory" in event.description
             or not groups.reached_limit(slot.pid)
@@ -294,7 +414,7 @@ class JobProcesses:
         note = f"\n{self._out_of_memory()} while it ran. Use fewer or shorter inputs, or save less."
         return replace(event, description=cut_description(event.description, note))
 
-    def _fail(self, slot: Slot, description: str) -> None:
+    def fail(self, slot: Slot, description: str) -> None:
         assert slot.job is not None  # only a slot that was given a job fails one
         discard_result(slot.job)
         self._on_job_event(JobEvent(
@@ -302,16 +422,15 @@ class JobProcesses:
             meta={"runtime": round(time.monotonic() - slot.started, 6)},
         ))
 
-    def _kill_slot(self, slot: Slot, reason: Optional[str]) -> None:
+    def kill(self, slot: Slot, reason: Optional[str]) -> None:
+        """End ``slot``'s process; its job, if it had not ended, fails with ``reason``."""
         if reason and not slot.kill_reason:
             slot.kill_reason = reason
         if slot.reusable:
             # The host runs the job itself: it is the process to replace.
-            self._kill_reason = reason or self._kill_reason
-            if self._host is not None and self._host.poll() is None:
-                self._host.kill()
+            self._replica.kill_host(reason)
         else:
-            self._send_control(Discard(pid=slot.pid))
+            self._replica.send_control(Discard(pid=slot.pid))
 
 
 
