@@ -266,7 +266,8 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
         await bus.start()
         spool = BlobDir(settings.data_dir / "payloads", ".payload")
         payloads = spool if role == "all" else DatabasePayloads(database, spool)
-        front = JobFront(store, bus, payloads, catalog, link=DatabaseLink(database, bus))
+        link = DatabaseLink(database, bus)
+        front = JobFront(store, bus, payloads, catalog, link=link)
         metrics = Metrics(front.board, lambda: len(bus), [spec.name for spec in catalog])
         front.observers.add(metrics.jobs)
         server = Server(settings, catalog, keys, bus, results, signer, front,
@@ -277,11 +278,21 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
             return build_controller(settings, catalog, store, bus, payloads, results,
                                     observers=[metrics.jobs], recent=metrics.jobs.recent)
 
+        tasks: list[asyncio.Task[Any]] = []
+        board_reader: Optional[asyncio.Task[None]] = None
+        if role != "all":
+            # An API process (or a standby) shows the published board; the database
+            # is read by a task off the loop, never by the request that shows it.
+            await link.refresh_board()
+            board_reader = asyncio.create_task(link.keep_board_fresh())
+            tasks.append(board_reader)
+
         def acting(controller: Controller) -> None:
             server.controller = controller
             front.link = InProcessLink(controller.service, controller.board)
+            if board_reader is not None:
+                board_reader.cancel()  # this process makes the board now
 
-        tasks: list[asyncio.Task[Any]] = []
         lease: Optional[Lease] = None
         if role == "all":
             controller = build()

@@ -118,7 +118,6 @@ class DatabaseLink:
         self.database = database
         self.bus = bus
         self._board: Optional[Board] = None
-        self._board_read = 0.0
 
     def _wake(self) -> None:
         if self.bus is not None:
@@ -165,10 +164,20 @@ class DatabaseLink:
         with self.database.read() as db:
             return db.execute(query).scalar()
 
+    async def refresh_board(self) -> None:
+        """Read the board the controller last published, off the event loop."""
+        self._board = await run_blocking(read_board, self.database)
+
+    async def keep_board_fresh(self) -> None:
+        """Re-read the board twice per publishing period (the API process runs this as a task)."""
+        while True:
+            await self.refresh_board()
+            await asyncio.sleep(PUBLISH_EVERY / 2)
+
     def board(self) -> Board:
-        now = time.monotonic()
-        if self._board is None or now - self._board_read > PUBLISH_EVERY / 2:
-            self._board, self._board_read = read_board(self.database), now
+        """The board as last read by `keep_board_fresh`: no database call, so safe on the loop."""
+        if self._board is None:
+            return Board(stale=True)  # nothing read yet: say so rather than block to read
         return self._board
 
 
