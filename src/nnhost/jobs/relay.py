@@ -213,29 +213,6 @@ class Relay:
         self._taken = set(taken or ())
         self.bus = bus
 
-    async def run(self) -> None:
-        last_publish = 0.0
-        wake = await self.bus.listen(WAKE) if self.bus is not None else None
-        while True:
-            try:
-                await self.intake()
-                self.carry_out_commands()
-                now = time.monotonic()
-                if now - last_publish >= PUBLISH_EVERY:
-                    last_publish = now
-                    await run_blocking(self.publish, self._board())
-            except Exception:
-                log.exception("the controller's relay failed; trying again")
-            if wake is None:
-                await asyncio.sleep(INTAKE_EVERY)
-                continue
-            try:
-                await asyncio.wait_for(wake.next(), INTAKE_EVERY)
-            except asyncio.TimeoutError:
-                pass
-            while not wake.queue.empty():  # one look serves every call made meanwhile
-                wake.queue.get_nowait()
-
     async def intake(self) -> int:
         """Queue the jobs API processes have stored since the last look.
 
