@@ -386,3 +386,38 @@ def test_a_model_grows_only_once_its_oldest_job_has_waited_long_enough(tmp_path)
         assert world.status(second) is Status.DISPATCHED and world.status(first) is Status.DISPATCHED
 
     run(body())
+
+
+def test_a_payload_deletion_that_hangs_holds_a_thread_not_the_loop(tmp_path):
+    """The payload store blocks (a file, or a database row with split roles): a job's end deletes it off the loop."""
+    import threading
+
+    async def body():
+        world = await World(tmp_path, [spec("org/a")]).start()
+        job_id = await world.submit(ADA, "org/a")
+        entered, release = threading.Event(), threading.Event()
+        delete = world.payloads.delete
+
+        def stuck_delete(job: str) -> None:
+            entered.set()
+            assert release.wait(60), "the deletion was never let go"
+            delete(job)
+
+        world.payloads.delete = stuck_delete
+        replica = world.replica("org/a")
+        replica.run()
+        replica.complete(b"x" * 10)
+        # The loop goes on while the deletion waits in its thread.
+        for _ in range(200):
+            await asyncio.sleep(0.005)
+            if entered.is_set():
+                break
+        assert entered.is_set()
+        await asyncio.sleep(0.01)
+        assert world.status(job_id) is Status.COMPLETED
+        assert world.payloads.exists(job_id)
+        release.set()
+        await world.settle()
+        assert not world.payloads.exists(job_id)
+
+    run(body())

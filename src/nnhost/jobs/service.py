@@ -17,6 +17,7 @@ facts, which the API process holding the websocket frames for the client.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Callable, Iterable, Optional, Union, Unpack
 
@@ -25,6 +26,7 @@ from ..deployments.manager import HOT, CannotFit, DeploymentManager
 from ..deployments.on_demand import OnDemand
 from ..execution.events import JobEvent, JobSpec
 from ..models.adapters import UnknownAdapter, check_adapter
+from ..storage.blocking import run_blocking
 from ..storage.payloads import JobPayloads
 from ..storage.results import ResultStore
 from .bus import EventBus
@@ -64,6 +66,8 @@ class JobService:
         self.recorder = Recorder(store, bus, observers)
         #: Commits a COMPLETED job's result to the result store before it is announced.
         self.completion = Completion(settings, store, results, self.recorder, self._finished)
+        #: Payload deletions in flight, off the loop (`_drop_payload`).
+        self._dropping: set[asyncio.Task[None]] = set()
         #: Recovery after a restart, the graceful drain, and the periodic sweeps.
         self.upkeep = Upkeep(
             settings, store, scheduler, deployments, payloads, results,
@@ -103,7 +107,7 @@ class JobService:
     def reject(self, job_id: str, reason: str) -> None:
         """End a stored job that cannot be queued, with ``reason`` as its ERROR."""
         self._record(job_id, Status.ERROR, reason)
-        self.payloads.delete(job_id)
+        self._drop_payload(job_id)
 
     # -- dispatching -----------------------------------------------------------
 
@@ -198,7 +202,7 @@ class JobService:
             job = self.store.get(job_id)
             if job is not None and not job.status.final:
                 self._record(job_id, Status.ERROR, reason)
-                self.payloads.delete(job_id)
+                self._drop_payload(job_id)
 
     def _announce_positions(self, name: str, only: Optional[str] = None) -> None:
         """Tell waiting jobs where they stand: position and wait, or what the model is doing.
@@ -284,7 +288,7 @@ class JobService:
     def _finished(self, name: str, job_id: str, ran: bool = True) -> None:
         self._announced.pop(job_id, None)
         self.log_budget.forget(job_id)
-        self.payloads.delete(job_id)
+        self._drop_payload(job_id)
         self.scheduler.finished(name, job_id, ran)
 
     def on_change(self, name: str) -> None:
@@ -306,7 +310,7 @@ class JobService:
         ):
             self._announced.pop(job.id, None)
             self._record(job.id, Status.ERROR, "Your request was cancelled while it was queued.")
-            self.payloads.delete(job.id)
+            self._drop_payload(job.id)
             self._announce_positions(job.deployment)
             return True
         if self.deployments.cancel(job.deployment, job.id):
@@ -335,8 +339,25 @@ class JobService:
         return self.upkeep.sweep_stuck(now)
 
     async def settled(self) -> None:
-        """Wait until no result is being stored (before a shutdown requeues jobs; in tests)."""
+        """Wait until no result is being stored nor payload deleted (before a shutdown requeues jobs; in tests)."""
         await self.completion.settled()
+        while self._dropping:
+            await asyncio.gather(*list(self._dropping), return_exceptions=True)
+
+    def _drop_payload(self, job_id: str) -> None:
+        """Delete an ended job's payload in a thread: a file, and with split roles a database row.
+
+        The payload store is blocking (`JobPayloads`); on the controller's loop
+        every job's end would otherwise wait for its unlink or its write.
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on a loop (a thread of a test): nothing to keep free
+            _delete_payload(self.payloads, job_id)
+            return
+        task = loop.create_task(run_blocking(_delete_payload, self.payloads, job_id))
+        self._dropping.add(task)
+        task.add_done_callback(self._dropping.discard)
 
     # -- recording -----------------------------------------------------------------
 
@@ -345,3 +366,11 @@ class JobService:
         inline: Optional[bytes] = None, **fields: Unpack[Changes],
     ) -> Job:
         return self.recorder.record(job_id, status, description, inline, **fields)
+
+
+def _delete_payload(payloads: JobPayloads, job_id: str) -> None:
+    """Blocking: a payload nobody will read again; a failure to delete it is only logged."""
+    try:
+        payloads.delete(job_id)
+    except Exception:
+        log.exception("could not delete the payload of %s", job_id)
