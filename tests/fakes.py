@@ -34,12 +34,16 @@ class FakeReplica:
         self.stopped = False
         #: Whether start() loads at once (else the test calls ready()).
         self.instant = True
+        #: Set: start() ends UNHEALTHY with this description (a model that cannot serve).
+        self.broken: Optional[str] = None
 
     # -- the Replica contract --------------------------------------------------------
 
     def start(self) -> None:
         self._set(ReplicaStatus.DEPLOYING, "Loading.")
-        if self.instant:
+        if self.broken is not None:
+            self._set(ReplicaStatus.UNHEALTHY, self.broken)
+        elif self.instant:
             self.ready()
 
     def submit(self, spec: JobSpec) -> None:
@@ -128,9 +132,12 @@ class FakeFleet:
 
     def __init__(self) -> None:
         self.made: list[FakeReplica] = []
+        #: Set: every replica made from now on starts UNHEALTHY with this description.
+        self.broken: Optional[str] = None
 
     def __call__(self, name, options, **callbacks) -> FakeReplica:
         replica = FakeReplica(name, options, **callbacks)
+        replica.broken = self.broken
         self.made.append(replica)
         return replica
 

@@ -421,3 +421,35 @@ def test_a_payload_deletion_that_hangs_holds_a_thread_not_the_loop(tmp_path):
         assert not world.payloads.exists(job_id)
 
     run(body())
+
+
+def test_a_model_that_never_serves_fails_its_waiting_jobs_after_a_few_starts(tmp_path):
+    """Replicas that keep turning unhealthy are started again, a bounded number of times, then the jobs end."""
+    from nnhost.jobs.service import START_ATTEMPTS
+
+    async def body():
+        world = await World(tmp_path, [spec("org/a")]).start()
+        first = await world.submit(ADA, "org/a")
+        world.replica("org/a").run()
+        world.replica("org/a").complete()
+        await world.settle()
+        assert world.status(first) is Status.COMPLETED
+        world.fleet.broken = "Job processes keep dying before their first job; see the server log."
+        world.replica("org/a")._set(ReplicaStatus.UNHEALTHY, world.fleet.broken)
+        waiting = await world.submit(ADA, "org/a")
+        for _ in range(20):
+            await world.settle()
+        job = world.store.get(waiting)
+        assert job.status is Status.ERROR, job
+        assert "org/a could not be started (3 attempts): Job processes keep dying" in job.description
+        assert len([r for r in world.fleet.made if r.name == "org/a"]) == 1 + START_ATTEMPTS
+        # A later request tries again, and is served once the model is mended.
+        world.fleet.broken = None
+        again = await world.submit(ADA, "org/a")
+        await world.settle()
+        world.replica("org/a").run()
+        world.replica("org/a").complete()
+        await world.settle()
+        assert world.status(again) is Status.COMPLETED
+
+    run(body())

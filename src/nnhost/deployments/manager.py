@@ -64,6 +64,9 @@ class Deployment:
     note: str = ""
     #: What went wrong around its jobs since the server started (kept across restarts).
     tally: Tally = field(default_factory=Tally)
+    #: Times in a row it was started again because every replica was unhealthy,
+    #: with no job process ready since (the job service gives up at a bound).
+    failed_starts: int = 0
 
     @property
     def name(self) -> str:
@@ -302,6 +305,8 @@ class DeploymentManager:
         if note is None:
             deployment.note = self.placement.waiting_note(self, deployment, level)
             return deployment.note
+        if deployment.unhealthy:
+            deployment.failed_starts += 1
         self.set_level(name, level, note=f"Deploying {name}" + (f"; {note}" if note else ""))
         return deployment.note
 

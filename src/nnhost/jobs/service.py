@@ -22,7 +22,7 @@ import logging
 from typing import Callable, Iterable, Optional, Union, Unpack
 
 from ..config import Settings
-from ..deployments.manager import HOT, CannotFit, DeploymentManager
+from ..deployments.manager import HOT, CannotFit, Deployment, DeploymentManager
 from ..deployments.on_demand import OnDemand
 from ..execution.events import JobEvent, JobSpec
 from ..models.adapters import UnknownAdapter, check_adapter
@@ -40,6 +40,9 @@ from .store import Changes, JobStore
 from .upkeep import Upkeep
 
 log = logging.getLogger("nnhost.jobs")
+#: How many times a deployment whose replicas all turned unhealthy is started
+#: again for the jobs waiting for it before they end with an ERROR.
+START_ATTEMPTS = 3
 
 
 class JobService:
@@ -123,6 +126,12 @@ class JobService:
         if self.on_demand is not None and self.on_demand.fetching(name):
             self._announce_positions(name)  # how far its download has come
             return
+        if deployment.unhealthy and deployment.failed_starts >= START_ATTEMPTS:
+            # Started again and again, never serving: say so rather than wait for ever.
+            # The next job submitted tries again.
+            deployment.failed_starts = 0
+            self._fail_waiting(name, cannot_start(deployment))
+            return
         if deployment.target != "HOT" or deployment.unhealthy:
             # Say so first: the model is not up and memory is being found for it.
             self._announce_positions(name)
@@ -131,6 +140,8 @@ class JobService:
             except CannotFit as error:
                 self._fail_waiting(name, str(error))
                 return
+        if deployment.ready:
+            deployment.failed_starts = 0
         while deployment.ready and not self.draining:
             job_id = self.scheduler.next(name)
             if job_id is None:
@@ -374,3 +385,13 @@ def _delete_payload(payloads: JobPayloads, job_id: str) -> None:
         payloads.delete(job_id)
     except Exception:
         log.exception("could not delete the payload of %s", job_id)
+
+
+def cannot_start(deployment: Deployment) -> str:
+    """The ERROR for jobs whose model was started `START_ATTEMPTS` times and never served."""
+    why = next((r.health().description.strip() for r in deployment.replicas if r.health().description), "")
+    first = why.splitlines()[0][:300] if why else "its replicas became unhealthy"
+    return (
+        f"{deployment.name} could not be started ({START_ATTEMPTS} attempts): {first} "
+        "The server's log says more. You can resubmit your request; the model is tried again then."
+    )
