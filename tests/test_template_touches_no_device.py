@@ -2,50 +2,73 @@
 
 A GPU's driver started in a process is not usable in its forked children
 (torch refuses: "Cannot re-initialize CUDA in forked subprocess"). The
-template imports torch, builds the tree on the meta device and runs a warm-up
-request on stand-ins on the CPU; if any of that asked torch whether CUDA is
-available, every job's process on a GPU host would fail as it binds its
-weights. Here each of torch's calls that starts the driver is a tripwire, and
-the template's warm-up runs on a machine without a GPU all the same.
+template imports torch, builds the tree on the meta device, imports the
+allowed libraries, hardens them and runs a warm-up request on stand-ins on
+the CPU; if any of that asked torch whether CUDA is available, every job's
+process on a GPU host would fail as it binds its weights. Here, in a fresh
+interpreter, each of torch's calls that starts the driver is a tripwire, and
+the template's steps (all but the OS layers, which need a process of their
+own) run on a machine without a GPU all the same.
 """
 
 from __future__ import annotations
 
-import warnings
+import json
+import subprocess
+import sys
 
-import pytest
+SCRIPT = r"""
+import json, sys, warnings
 import torch
 
+calls = []
+def tripwire(name):
+    def trip(*args, **kwargs):
+        calls.append(name)
+        raise RuntimeError(f"torch.cuda.{name} was called")
+    return trip
+
+# What starts the driver (or asks it a question that does).
+for name in ("is_available", "device_count", "init", "synchronize", "current_device", "_lazy_init",
+             "reset_peak_memory_stats", "memory_allocated", "max_memory_allocated", "empty_cache",
+             "get_device_properties", "mem_get_info"):
+    setattr(torch.cuda, name, tripwire(name))
+if hasattr(torch._C, "_cuda_getDeviceCount"):  # a CUDA build (its presence is how torch tells)
+    torch._C._cuda_getDeviceCount = tripwire("_cuda_getDeviceCount")
+
+from nnsight import LanguageModel
+from nnhost.execution.library_hardening import harden_libraries
+from nnhost.execution.integrity import guard_module_attributes
 from nnhost.execution.mapped_weights import stand_ins
+from nnhost.execution.policy import WorkerPolicy
 from nnhost.execution.runner import Runner
+from nnhost.execution.unpickling import restricted_unpickler
 from nnhost.execution.worker import warm_up
 
-#: What starts the driver (or asks it a question that does): torch.cuda's and the runtime's entry points.
-TRIPWIRES = ("is_available", "device_count", "init", "synchronize", "current_device", "_lazy_init",
-             "reset_peak_memory_stats", "memory_allocated", "max_memory_allocated", "empty_cache")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    model = LanguageModel(sys.argv[1], dispatch=False)  # on the meta device, as the template builds it
+model.dispatched = True
+sandbox = WorkerPolicy().sandbox
+unpickler = restricted_unpickler(sandbox)
+for name in sandbox.allowed_imports:
+    try:
+        __import__(name)
+    except ImportError:
+        pass
+harden_libraries(sandbox, unpickler.builtins_dict)
+guard_module_attributes(unpickler.builtins_dict)
+runner = Runner(model, unpickler=unpickler)
+with stand_ins(model):
+    problem = warm_up(model, runner)
+print(json.dumps({"calls": calls, "problem": problem}))
+"""
 
 
-@pytest.fixture
-def tripped(monkeypatch):
-    calls: list[str] = []
-    for name in TRIPWIRES:
-        def trip(*args, _name=name, **kwargs):
-            calls.append(_name)
-            raise AssertionError(f"torch.cuda.{_name} was called")
-        monkeypatch.setattr(torch.cuda, name, trip)
-    monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", lambda: calls.append("_cuda_getDeviceCount") or 0,
-                        raising=False)
-    return calls
-
-
-def test_the_templates_warm_up_never_starts_a_device(tripped, test_snapshot):
-    from nnsight import LanguageModel
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = LanguageModel(str(test_snapshot), dispatch=False)  # on the meta device, as the template builds it
-    model.dispatched = True
-    with stand_ins(model):
-        problem = warm_up(model, Runner(model))
-    assert problem is None, problem
-    assert tripped == []
+def test_the_templates_steps_never_start_a_device(test_snapshot):
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(test_snapshot)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["problem"] is None, found["problem"]
+    assert found["calls"] == []
