@@ -1,8 +1,9 @@
 """What crosses the seam between a replica process and the rest of nnhost.
 
 A worker receives a `JobSpec` and answers with `JobEvent`s. Both are plain
-dataclasses of JSON-native fields, so the same shapes can travel over a
-multiprocessing pipe today and a Ray actor call tomorrow.
+dataclasses of JSON-native fields, so the same shapes travel in a job's
+channel messages (`messages.Run`, `messages.Event`) and a Ray actor's
+reports.
 
 The rules about what a job may say are here too, once, because both sides
 of the replica boundary apply them: a job's process holds itself to them
@@ -118,10 +119,6 @@ class JobEvent:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "JobEvent":
-        return cls(**data)
 
 
 def cut_description(text: str, tail: str = "") -> str:
