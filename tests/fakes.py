@@ -46,7 +46,7 @@ class FakeReplica:
         elif self.instant:
             self.ready()
 
-    def submit(self, spec: JobSpec) -> None:
+    def submit(self, spec: JobSpec, more_waiting: bool = False) -> None:
         if not self.accepting:
             raise RuntimeError(f"{self.name} is not accepting")
         self.current = spec

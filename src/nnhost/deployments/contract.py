@@ -61,8 +61,12 @@ class Replica(Protocol):
 
     def start(self) -> None: ...
 
-    def submit(self, spec: JobSpec) -> None:
-        """Run one job; raises RuntimeError when it cannot take it now."""
+    def submit(self, spec: JobSpec, more_waiting: bool = False) -> None:
+        """Run one job; raises RuntimeError when it cannot take it now.
+
+        ``more_waiting``: other jobs wait for this deployment (a replica may then
+        prepare for the next one differently: no warm-up).
+        """
 
     def cancel(self, job_id: str) -> bool:
         """Stop the job if it runs here (its ERROR follows as an event)."""

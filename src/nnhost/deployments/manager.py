@@ -357,14 +357,14 @@ class DeploymentManager:
             for replica in deployment.replicas:
                 replica.stop()
 
-    def submit(self, name: str, spec: JobSpec) -> None:
+    def submit(self, name: str, spec: JobSpec, more_waiting: bool = False) -> None:
         deployment = self.deployments[name]
         replica = deployment.idle_replica()
         if replica is None:
             raise RuntimeError(f"no idle replica of {name}")
         deployment.last_used = time.time()
         self.scaling.busy(replica)
-        replica.submit(spec)
+        replica.submit(spec, more_waiting)
 
     def grow(self, name: str, waiting: int) -> Optional[str]:
         """Start one more replica of ``name`` if jobs wait and it may and fits (`scaling`)."""

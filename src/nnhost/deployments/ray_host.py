@@ -58,7 +58,8 @@ class ReplicaHost:
         context = ray.get_runtime_context()
         return {"node_id": context.get_node_id(), "address": ray.util.get_node_ip_address()}
 
-    def submit(self, spec: dict[str, Any], payload: bytes, adapter: Optional[dict[str, bytes]] = None) -> None:
+    def submit(self, spec: dict[str, Any], payload: bytes, adapter: Optional[dict[str, bytes]] = None,
+               more_waiting: bool = False) -> None:
         job_id = spec["job_id"]
         payload_path = self._spool / f"{job_id}.payload"
         payload_path.write_bytes(payload)
@@ -69,7 +70,7 @@ class ReplicaHost:
                            "adapter_path": adapter_path, "adapter_fds": []})
         self._specs[job_id] = local
         try:
-            self.replica.submit(local)
+            self.replica.submit(local, more_waiting)
         except Exception:
             self._forget(job_id)
             raise

@@ -208,7 +208,7 @@ class RayReplica:
         threading.Thread(target=self._collect, args=(self._actor, generation),
                          name=f"ray-{self.name}", daemon=True).start()
 
-    def submit(self, spec: JobSpec) -> None:
+    def submit(self, spec: JobSpec, more_waiting: bool = False) -> None:
         with self._lock:
             if not self.accepting or self._actor is None:
                 raise RuntimeError(f"{self.name} is not accepting a job now")
@@ -216,10 +216,10 @@ class RayReplica:
             actor = self._actor
         # Reading the payload and waiting for the node happen off the caller's thread
         # (the event loop): a slow or dying node must not hold up the server.
-        threading.Thread(target=self._send, args=(actor, spec), name=f"ray-send-{self.name}",
+        threading.Thread(target=self._send, args=(actor, spec, more_waiting), name=f"ray-send-{self.name}",
                          daemon=True).start()
 
-    def _send(self, actor: Any, spec: JobSpec) -> None:
+    def _send(self, actor: Any, spec: JobSpec, more_waiting: bool = False) -> None:
         import ray
 
         wire = {key: value for key, value in asdict(spec).items()
@@ -229,7 +229,7 @@ class RayReplica:
             payload = Path(spec.payload_path).read_bytes()
             # The node has no copy of this cache: a job's adapter travels with its payload.
             adapter = read_adapter(spec.adapter_path) if spec.adapter_path else None
-            ray.get(actor.submit.remote(wire, payload, adapter), timeout=CALL_TIMEOUT)
+            ray.get(actor.submit.remote(wire, payload, adapter, more_waiting), timeout=CALL_TIMEOUT)
         except Exception as error:
             with self._lock:
                 if self._current is not spec:

@@ -139,7 +139,7 @@ class LocalReplica:
             self._watchdog = threading.Thread(target=self._watch, name=f"watchdog-{self.name}", daemon=True)
             self._watchdog.start()
 
-    def submit(self, spec: JobSpec) -> None:
+    def submit(self, spec: JobSpec, more_waiting: bool = False) -> None:
         with self._lock:
             current = self.jobs.current
             if current is not None:
@@ -147,7 +147,7 @@ class LocalReplica:
                 raise RuntimeError(f"replica {self.name} is busy with {current.job.job_id}")
             if self._state.state is not ReplicaStatus.RUNNING or self.jobs.spare is None:
                 raise RuntimeError(f"replica {self.name} is not ready ({self._state.state})")
-            self.jobs.submit(spec)
+            self.jobs.submit(spec, more_waiting)
 
     def cancel(self, job_id: str) -> bool:
         with self._lock:

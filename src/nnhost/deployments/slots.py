@@ -121,15 +121,19 @@ class JobProcesses:
 
     # -- what the replica asks -------------------------------------------------------------
 
-    def request_fork(self) -> None:
-        """Ask the host for the next job process."""
+    def request_fork(self, warm: bool = True) -> None:
+        """Ask the host for the next job process (``warm``: one that warms up before it is ready)."""
         if self.asked_at is None:
             self.asked_at = time.monotonic()
         groups = self._replica.groups
-        self._replica.send_control(Fork(memory_cgroup=bool(groups and groups.available)))
+        self._replica.send_control(Fork(memory_cgroup=bool(groups and groups.available), warm=warm))
 
-    def submit(self, spec: JobSpec) -> None:
-        """Hand ``spec`` to the spare slot (the caller holds the lock and checked there is one)."""
+    def submit(self, spec: JobSpec, more_waiting: bool = False) -> None:
+        """Hand ``spec`` to the spare slot (the caller holds the lock and checked there is one).
+
+        ``more_waiting``: other jobs wait for this replica, so the next job
+        process goes without a warm-up (see `job_process.live`).
+        """
         slot = self.spare
         assert slot is not None  # LocalReplica.submit checked
         self.spare = None
@@ -147,7 +151,9 @@ class JobProcesses:
             # (its reader reports the reason), never the replica.
             self.kill(slot, f"The server could not hand your request to its process ({error}).")
         if not slot.reusable:
-            self.request_fork()
+            # A warm-up costs a whole request's CPU and delays the next job while it
+            # runs: it pays only while no job waits for the process it prepares.
+            self.request_fork(warm=not more_waiting)
 
     def add(self, message: SlotMessage, fds: list[int], generation: int) -> None:
         """A slot the host made (descriptors: its channel, its log pipe); its reader starts."""

@@ -416,7 +416,7 @@ class Forker:
             if message is None:
                 break  # the replica is gone
             if isinstance(message, Fork):
-                self._fork(message.memory_cgroup)
+                self._fork(message.memory_cgroup, message.warm)
             elif isinstance(message, Discard):
                 if message.pid in self.children:
                     os.kill(message.pid, signal.SIGKILL)
@@ -443,7 +443,7 @@ class Forker:
             self.children.discard(pid)
             self.control.send(Exit(pid=pid, status=os.waitstatus_to_exitcode(status)))
 
-    def _fork(self, memory_cgroup: bool) -> None:
+    def _fork(self, memory_cgroup: bool, warm: bool = True) -> None:
         ours, theirs = pair()
         log_r, log_w = os.pipe2(os.O_CLOEXEC)
         pid = self.namespaces.fork()
@@ -452,7 +452,7 @@ class Forker:
 
             ours.close()
             os.close(log_r)
-            live(theirs, log_w, self.runner, self.policy, self.options, memory_cgroup, self.weights)
+            live(theirs, log_w, self.runner, self.policy, self.options, memory_cgroup, self.weights, warm)
         theirs.close()
         os.close(log_w)
         self.children.add(pid)

@@ -62,8 +62,14 @@ def live(
     options: WorkerOptions,
     memory_cgroup: bool,
     weights: Optional[list[int]] = None,
+    warm: bool = True,
 ) -> None:
     """The whole life of a job process (called in the child right after fork; never returns).
+
+    ``warm``: run a request of our own before saying ready, so that the job
+    finds its pages copied and torch's threads started. It costs a whole
+    request's CPU, which only pays while nobody waits: the replica asks for
+    none when jobs come back to back (`deployments.slots`).
 
     ``weights``: in the mapped design, the handles of the host's weights, bound
     into this process's module tree while it takes its layers (`mapped_weights`).
@@ -90,11 +96,12 @@ def live(
         # The host never starts torch's thread pool (a pool started before
         # fork would hang here); each job process starts its own.
         torch.set_num_threads(options.torch_threads if options.torch_threads > 0 else (os.cpu_count() or 1))
-        # While no job waits for us: touch what a job touches (the pages it
-        # would copy from the host, torch's thread pool), off the request's path.
-        from .worker import warm_up
+        if warm:
+            # While no job waits for us: touch what a job touches (the pages it
+            # would copy from the host, torch's thread pool), off the request's path.
+            from .worker import warm_up
 
-        warm_up(runner.model, runner)
+            warm_up(runner.model, runner)
         import gc
 
         # What the warm-up made stays for the job: no collection walks it again

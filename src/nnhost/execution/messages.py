@@ -98,10 +98,15 @@ class Weights(Message):
 
 
 class Fork(Message):
-    """Make the next job's process; ``memory_cgroup``: the replica puts it in a memory cgroup."""
+    """Make the next job's process; ``memory_cgroup``: the replica puts it in a memory cgroup.
+
+    ``warm``: it runs a request of its own before it says it is ready (see
+    `job_process.live`); the replica asks for none when jobs come back to back.
+    """
 
     type: Literal["fork"] = "fork"
     memory_cgroup: bool
+    warm: bool = True
 
 
 class Discard(Message):

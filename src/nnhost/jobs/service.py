@@ -178,7 +178,7 @@ class JobService:
             )
             self._record(job.id, Status.DISPATCHED, f"Dispatched to {name}.", started=True)
             try:
-                self.deployments.submit(name, spec)
+                self.deployments.submit(name, spec, more_waiting=self.scheduler.waiting(name) > 0)
             except RuntimeError as error:
                 # The replica went away between the check and the send: wait again.
                 log.warning("could not dispatch %s: %s", job.id, error)
