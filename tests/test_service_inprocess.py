@@ -453,3 +453,26 @@ def test_a_model_that_never_serves_fails_its_waiting_jobs_after_a_few_starts(tmp
         assert world.status(again) is Status.COMPLETED
 
     run(body())
+
+
+def test_a_graceful_stop_records_a_final_report_still_on_its_way_instead_of_requeueing(tmp_path):
+    """A replica frees itself just before its job's final report reaches the loop: that job finished."""
+    from pathlib import Path
+
+    async def body():
+        world = await World(tmp_path, [spec("org/a")]).start()
+        job_id = await world.submit(ADA, "org/a")
+        replica = world.replica("org/a")
+        replica.run()
+        await world.settle()
+        running, replica.current = replica.current, None  # free, its report not yet sent
+        draining = asyncio.create_task(world.jobs.drain(10.0))
+        await asyncio.sleep(0.3)
+        Path(running.result_path).write_bytes(b"x" * 10)
+        replica.send(JobEvent(job_id, "COMPLETED", "Your job has been completed.", meta={"runtime": 0.01},
+                              result_size=10))
+        await draining
+        await world.settle()
+        assert world.status(job_id) is Status.COMPLETED
+
+    run(body())

@@ -32,6 +32,9 @@ from .store import JobStore
 log = logging.getLogger("nnhost.jobs")
 #: Seconds past the time limit and kill grace before a silent job is failed.
 STUCK_MARGIN = 15.0
+#: Seconds a graceful shutdown waits, once no replica is busy, for the final
+#: reports still on their way (within the shutdown's grace).
+REPORTS_SETTLE = 5.0
 #: Most seconds between two looks for stored results the database forgot (listing a bucket costs).
 ORPHAN_SWEEP_SECONDS = 3600.0
 
@@ -101,6 +104,13 @@ class Upkeep:
             d.busy for d in self.deployments.deployments.values()
         ):
             await asyncio.sleep(0.1)
+        # A replica frees itself just before its job's final report reaches this
+        # loop: a job is not "stopped before it could finish" until its report had
+        # a moment to be recorded (else it is requeued and, after the restart, runs
+        # twice: seen under load in tests/test_roles.py).
+        settle_until = min(deadline, time.monotonic() + REPORTS_SETTLE)
+        while time.monotonic() < settle_until and self.store.with_status((Status.DISPATCHED, Status.RUNNING)):
+            await asyncio.sleep(0.05)
         # A job whose result is being uploaded has finished: let it be recorded.
         await self._completion.settled()
         for job in self.store.with_status((Status.DISPATCHED, Status.RUNNING)):
