@@ -37,28 +37,15 @@ if hasattr(torch._C, "_cuda_getDeviceCount"):  # a CUDA build (its presence is h
     torch._C._cuda_getDeviceCount = tripwire("_cuda_getDeviceCount")
 
 from nnsight import LanguageModel
-from nnhost.execution.library_hardening import harden_libraries
-from nnhost.execution.integrity import guard_module_attributes
 from nnhost.execution.mapped_weights import stand_ins
 from nnhost.execution.policy import WorkerPolicy
-from nnhost.execution.runner import Runner
-from nnhost.execution.unpickling import restricted_unpickler
-from nnhost.execution.worker import warm_up
+from nnhost.execution.worker import python_layer, warm_up
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     model = LanguageModel(sys.argv[1], dispatch=False)  # on the meta device, as the template builds it
 model.dispatched = True
-sandbox = WorkerPolicy().sandbox
-unpickler = restricted_unpickler(sandbox)
-for name in sandbox.allowed_imports:
-    try:
-        __import__(name)
-    except ImportError:
-        pass
-harden_libraries(sandbox, unpickler.builtins_dict)
-guard_module_attributes(unpickler.builtins_dict)
-runner = Runner(model, unpickler=unpickler)
+runner = python_layer(model, WorkerPolicy())  # as worker.secure builds it, before the OS layers
 with stand_ins(model):
     problem = warm_up(model, runner)
 print(json.dumps({"calls": calls, "problem": problem}))

@@ -103,6 +103,26 @@ def die_with_parent() -> None:
         sys.exit(0)  # the parent died before we could ask
 
 
+def python_layer(model: Any, policy: WorkerPolicy) -> Runner:
+    """The runner with the Python layer: the restricted unpickler, the allowed
+    libraries imported and hardened, the guarded builtins. No OS layer, no guard."""
+    from .integrity import guard_module_attributes
+    from .library_hardening import harden_libraries
+    from .runner import Runner
+    from .unpickling import restricted_unpickler
+
+    sandbox = policy.sandbox
+    unpickler = restricted_unpickler(sandbox)
+    for name in sandbox.allowed_imports:
+        try:  # imported now, so their namespaces are in the guard's snapshot
+            __import__(name)
+        except Exception:
+            pass
+    harden_libraries(sandbox, unpickler.builtins_dict)
+    guard_module_attributes(unpickler.builtins_dict)
+    return Runner(model, unpickler=unpickler)
+
+
 def secure(
     model: Any, policy: WorkerPolicy, namespaces_problem: Optional[str], fork_mode: bool = False
 ) -> tuple[Runner, Optional[ModelGuard], ContainmentReport]:
@@ -126,20 +146,9 @@ def secure(
         report = contain(policy.limits, namespaces_problem)
         print(f"nnhost worker {os.getpid()}: {report.describe()}", file=sys.stderr, flush=True)
         return Runner(model), None, report
-    from .integrity import ModelGuard, guard_module_attributes
-    from .library_hardening import harden_libraries
-    from .unpickling import restricted_unpickler
+    from .integrity import ModelGuard
 
-    sandbox = policy.sandbox
-    unpickler = restricted_unpickler(sandbox)
-    for name in sandbox.allowed_imports:
-        try:  # imported now, so their namespaces are in the guard's snapshot
-            __import__(name)
-        except Exception:
-            pass
-    harden_libraries(sandbox, unpickler.builtins_dict)
-    guard_module_attributes(unpickler.builtins_dict)
-    runner = Runner(model, unpickler=unpickler)
+    runner = python_layer(model, policy)
     guard = None
     if fork_mode:
         from .weights import WeightImage
