@@ -433,7 +433,7 @@ class Watchdog:
 
     An H200 once spent a whole loan on one request that never ended, with
     nothing printed. Now a step that overruns prints the server's log and what
-    each of its processes is doing (`deployments.stuck`), then stops the server,
+    each of its processes is doing (`replicas.stuck`), then stops the server,
     so the client's call fails and the check goes on to the next design.
     """
 
@@ -461,7 +461,7 @@ class Watchdog:
                 print(self.server.log_tail(150), flush=True)
                 print("\nwhat each of the server's processes is doing:", flush=True)
                 try:
-                    from nnhost.deployments.stuck import process_snapshot
+                    from nnhost.replicas.stuck import process_snapshot
 
                     for pid in [self.server.process.pid, *_tree(self.server.process.pid)]:
                         print("  " + process_snapshot(pid, depth=0), flush=True)

@@ -1,6 +1,6 @@
 """A replica with no processes, for testing the job service and the manager in-process.
 
-`FakeFleet` is a `deployments.contract.ReplicaFactory`: the manager builds its
+`FakeFleet` is a `replicas.contract.ReplicaFactory`: the manager builds its
 replicas through it exactly as through `LocalReplica`, and the test then plays
 the worker's part by hand (`run`, `log`, `complete`, `fail`, `die`), with the
 same events a real replica sends, through the same callbacks.
@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from nnhost.deployments.contract import ReplicaState, ReplicaStatus
-from nnhost.deployments.incidents import Incident
 from nnhost.execution.events import JobEvent, JobSpec
+from nnhost.replicas.contract import ReplicaState, ReplicaStatus
+from nnhost.replicas.incidents import Incident
 
 
 class FakeReplica:
@@ -149,7 +149,7 @@ class FakeCluster(FakeFleet):
     """A `FakeFleet` whose replicas land on nodes, as Ray places actors (`contract.PlacesOnNodes`).
 
     A replica is placed when first asked about: on the node with the most free
-    memory that has room for what it reserves (`nodes.Need`) beside the
+    memory that has room for what it reserves (`contract.Need`) beside the
     replicas placed and not stopped; it stays unplaced while none has.
     """
 
@@ -162,7 +162,7 @@ class FakeCluster(FakeFleet):
         return list(self._nodes)
 
     def node_of(self, replica) -> Optional[str]:
-        from nnhost.deployments.nodes import Need
+        from nnhost.replicas.contract import Need
 
         if replica in self.where or replica.stopped:
             return self.where.get(replica)

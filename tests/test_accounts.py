@@ -377,7 +377,7 @@ def app_client(tmp_path, base_url="http://127.0.0.1", **settings):
     from fastapi.testclient import TestClient
 
     from nnhost.app import create_app
-    from nnhost.deployments.catalog import Catalog
+    from nnhost.models.catalog import Catalog
 
     config = Settings(data_dir=tmp_path / "data", **settings)
     with TestClient(create_app(config, Catalog([])), base_url=base_url) as client:

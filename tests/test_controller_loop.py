@@ -17,20 +17,20 @@ from fakes import FakeFleet
 from test_service_inprocess import ADA, spec, updates
 
 from nnhost.config import Settings
-from nnhost.controller import Controller
-from nnhost.deployments.catalog import Catalog
-from nnhost.deployments.manager import DeploymentManager
-from nnhost.deployments.placement import DeviceBudgets
+from nnhost.controller.board import board
+from nnhost.controller.inbox import Changed, FetchFailed, FetchMoved, Inbox, JobReported
+from nnhost.controller.loop import Controller
+from nnhost.controller.manager import DeploymentManager
+from nnhost.controller.placement import DeviceBudgets
+from nnhost.controller.relay import InProcessLink
+from nnhost.controller.scheduler import Scheduler
+from nnhost.controller.service import JobService
 from nnhost.execution.events import JobEvent
-from nnhost.jobs.board import board
+from nnhost.front.jobs import JobFront, Submission
 from nnhost.jobs.bus import LocalEventBus
-from nnhost.jobs.front import JobFront, Submission
-from nnhost.jobs.inbox import Changed, FetchFailed, FetchMoved, Inbox, JobReported
 from nnhost.jobs.job import Status
-from nnhost.jobs.relay import InProcessLink
-from nnhost.jobs.scheduler import Scheduler
-from nnhost.jobs.service import JobService
 from nnhost.jobs.store import JobStore, connect
+from nnhost.models.catalog import Catalog
 from nnhost.storage.blobs import BlobDir
 from nnhost.storage.links import LinkSigner
 from nnhost.storage.results import DirectoryStore

@@ -15,10 +15,10 @@ import torch
 from fakes import FakeFleet
 
 from nnhost.config import ModelEntry
-from nnhost.deployments.catalog import Catalog, ModelSpec
-from nnhost.deployments.manager import COLD, HOT, WARM, CannotFit, DeploymentManager
-from nnhost.deployments.placement import DeviceBudgets
-from nnhost.deployments.sizing import QUANTIZATION_BYTES, device_shares, tensor_bytes
+from nnhost.controller.manager import COLD, HOT, WARM, CannotFit, DeploymentManager
+from nnhost.controller.placement import DeviceBudgets
+from nnhost.models.catalog import Catalog, ModelSpec
+from nnhost.models.sizing import QUANTIZATION_BYTES, device_shares, tensor_bytes
 
 MiB = 1 << 20
 
@@ -141,9 +141,8 @@ def test_a_share_over_one_gpus_whole_budget_cannot_fit():
 
 
 def test_gpu_budgets_default_from_the_device(monkeypatch):
-    from nnhost import app
     from nnhost.config import Settings
-    from nnhost.deployments import devices
+    from nnhost.controller import devices
 
     asked = []
 
@@ -154,13 +153,13 @@ def test_gpu_budgets_default_from_the_device(monkeypatch):
     monkeypatch.setattr(devices, "gpu_memory", fake)
     catalog = Catalog([ModelSpec(repo_id="org/a", device="cuda:0", size_bytes=1),
                        ModelSpec(repo_id="org/b", device="cuda:1", size_bytes=1)])
-    budgets = app.memory_budgets(Settings(memory_budget={"cuda:1": "10GiB"}), catalog)
+    budgets = devices.memory_budgets(Settings(memory_budget={"cuda:1": "10GiB"}), catalog)
     assert asked == ["cuda:0"]  # a configured budget is not asked for
     assert budgets["cuda:0"] == int(80 * (1 << 30) * 0.9) and budgets["cuda:1"] == 10 * (1 << 30)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer where there is no GPU")
 def test_the_device_probe_reports_nothing_without_a_gpu():
-    from nnhost.deployments.devices import gpu_memory
+    from nnhost.controller.devices import gpu_memory
 
     assert gpu_memory(["cuda:0"]) == {}

@@ -18,14 +18,14 @@ import pytest
 from sqlalchemy import text
 
 from nnhost.config import Settings
+from nnhost.controller.scheduler import Scheduler
+from nnhost.controller.service import JobService
+from nnhost.controller.upkeep import STUCK_MARGIN
 from nnhost.execution.events import JobEvent
 from nnhost.jobs.bus import LocalEventBus
 from nnhost.jobs.job import Job, Status
-from nnhost.jobs.scheduler import Scheduler
-from nnhost.jobs.service import JobService
 from nnhost.jobs.store import JobStore, connect
 from nnhost.jobs.update import JobUpdate
-from nnhost.jobs.upkeep import STUCK_MARGIN
 from nnhost.storage.blobs import BlobDir
 from nnhost.storage.links import LinkSigner
 from nnhost.storage.results import DirectoryStore

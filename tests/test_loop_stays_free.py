@@ -27,20 +27,22 @@ from fastapi import FastAPI
 
 from nnhost.api import protocol
 from nnhost.api.deps import API_KEY_HEADER
-from nnhost.app import Server
+from nnhost.api.server import Server
 from nnhost.auth.access import Access
+from nnhost.auth.accounts import Accounts
 from nnhost.auth.keys import KeyStore
 from nnhost.config import Settings
-from nnhost.deployments.catalog import Catalog, ModelSpec
+from nnhost.front.jobs import JobFront
 from nnhost.jobs.bus import LocalEventBus
-from nnhost.jobs.front import JobFront
 from nnhost.jobs.job import Job, Status
 from nnhost.jobs.store import JobStore, connect
+from nnhost.models.catalog import Catalog, ModelSpec
 from nnhost.storage.blobs import BlobDir
 from nnhost.storage.blocking import run_blocking
 from nnhost.storage.links import LinkSigner
 from nnhost.storage.results import AsyncResultStore, DirectoryStore, ResultStore
 from nnhost.storage.s3 import S3Store
+from nnhost.telemetry.metrics import Metrics
 
 #: Only a guard against a hang: nothing here is timed.
 GIVE_UP = 60.0
@@ -102,7 +104,8 @@ def build(tmp_path: Path, stuck: str):
                     unfinished_jobs=store.unfinished_count)
     front = JobFront(store, bus, payloads, catalog, link)
     server = Server(settings, catalog, keys, bus, DirectoryStore(tmp_path / "results", signer),
-                    signer, front, access=access)
+                    signer, front, access=access, accounts=Accounts(settings, database, keys, access),
+                    metrics=Metrics(front.board, lambda: len(bus), [spec.name]))
     app = FastAPI()
     app.include_router(protocol.router)
     app.state.server = server

@@ -148,7 +148,7 @@ def test_diffusion_sends_back_pil_images(kinds_server, kinds_home, tmp_path):
 
 
 def test_a_pipeline_is_sized_as_all_its_components(kinds_server, kinds_home):
-    from nnhost.deployments.sizing import tensor_bytes
+    from nnhost.models.sizing import tensor_bytes
 
     sizes = tensor_bytes(kinds_home["diffusion"])
     assert {name.split("/", 1)[0] for name in sizes} == {"text_encoder", "unet", "vae"}

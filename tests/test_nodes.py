@@ -11,9 +11,9 @@ from __future__ import annotations
 from fakes import FakeCluster
 from test_service_inprocess import ADA, MiB, World, run, spec
 
-from nnhost.deployments.contract import Level, NodeCapacity
-from nnhost.deployments.nodes import NodeRoom
+from nnhost.controller.nodes import NodeRoom
 from nnhost.jobs.job import Status
+from nnhost.replicas.contract import Level, NodeCapacity
 
 A = NodeCapacity("a" * 56, "10.0.0.1", 100 * MiB, cpus=4, gpus=0)
 B = NodeCapacity("b" * 56, "10.0.0.2", 80 * MiB, cpus=4, gpus=0)

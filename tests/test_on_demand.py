@@ -319,7 +319,7 @@ def test_a_bad_allow_entry_stops_the_settings(tmp_path, monkeypatch, table, word
 def test_allow_entries_and_budget_load_and_match(tmp_path, monkeypatch):
     from nnhost.app import build_catalog
     from nnhost.config import load_settings
-    from nnhost.deployments.catalog import ModelKey
+    from nnhost.models.catalog import ModelKey
 
     for name in [name for name in os.environ if name.upper().startswith("NNHOST_")]:
         monkeypatch.delenv(name)
@@ -350,6 +350,6 @@ def test_allow_entries_and_budget_load_and_match(tmp_path, monkeypatch):
     (".gitattributes", False), ("a//b", False), ("", False), (None, False), ("x\0y", False),
 ])
 def test_only_plain_file_names_from_the_upstream_are_written(name, plain):
-    from nnhost.deployments.downloader import plain_path
+    from nnhost.models.downloader import plain_path
 
     assert (plain_path(name) is not None) is plain

@@ -1,7 +1,7 @@
 """Each rule about what a job may say is defined once, and every layer uses that one.
 
-A job's process, the parent side that watches it (`deployments.job_watch`) and
-the controller's intake (`jobs.intake`) once had their own copies of the final
+A job's process, the parent side that watches it (`replicas.job_watch`) and
+the controller's intake (`controller.intake`) once had their own copies of the final
 statuses, the description limit, the field checks and the job-id rule, with
 different values: these tests pin that they are now the same object, and that
 what one layer lets through the next accepts.
@@ -15,8 +15,7 @@ from typing import Any, Optional
 
 import pytest
 
-from nnhost.deployments import job_watch
-from nnhost.deployments.job_watch import JobWatch, Violation, refused
+from nnhost.controller import intake
 from nnhost.execution import capture, events, job_process, messages
 from nnhost.execution.channel import MAX_MESSAGE, BadMessage, Channel, pair
 from nnhost.execution.events import (
@@ -32,8 +31,9 @@ from nnhost.execution.events import (
     event_problem,
     is_job_id,
 )
-from nnhost.jobs import intake
 from nnhost.jobs.job import Job, Status
+from nnhost.replicas import job_watch
+from nnhost.replicas.job_watch import JobWatch, Violation, refused
 from nnhost.telemetry import metrics
 
 
@@ -63,7 +63,7 @@ def watched(fields: dict[str, Any]) -> object:
     """What the parent side makes of a job's message with ``fields`` (after RUNNING)."""
     watch = JobWatch(replace(SPEC, job_id=fields.get("job_id", SPEC.job_id)))
     watch.running = True
-    # As the replica reads it (`deployments.slots`): parsed, then checked against its job.
+    # As the replica reads it (`replicas.slots`): parsed, then checked against its job.
     try:
         return watch.check(messages.FROM_JOB.parse({"type": "event", **fields}))
     except BadMessage as error:

@@ -23,7 +23,7 @@ from service_ray import ray_cluster  # noqa: F401  (the fixture)
 from service_redis import redis_server  # noqa: F401  (the fixture)
 from test_accounts import as_client
 
-from nnhost.deployments.sizing import tensor_bytes
+from nnhost.models.sizing import tensor_bytes
 from nnhost.testing import ServerProcess
 
 PROMPT = "The Eiffel Tower is in the city of"

@@ -15,14 +15,15 @@ import pytest
 from sqlalchemy import insert, update
 from test_service_inprocess import ADA, World, spec
 
+from nnhost.controller.board import board
+from nnhost.controller.lease import Lease
+from nnhost.controller.relay import Relay
 from nnhost.db import connect
 from nnhost.db.tables import commands
-from nnhost.jobs.board import board
-from nnhost.jobs.front import JobFront, Refused, Submission
+from nnhost.front.database_link import DatabaseLink, read_board
+from nnhost.front.jobs import JobFront, Submission
 from nnhost.jobs.job import Status
-from nnhost.jobs.lease import Lease
-from nnhost.jobs.messages import MalformedMessage
-from nnhost.jobs.relay import DatabaseLink, Relay, read_board
+from nnhost.jobs.messages import MalformedMessage, Refused
 from nnhost.storage.blobs import BlobDir
 from nnhost.storage.payloads import DatabasePayloads
 

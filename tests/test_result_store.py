@@ -24,8 +24,8 @@ from conftest import API_KEY, TEST_REPO
 from moto_s3 import CREDENTIALS, S3Endpoint, aws_environment
 
 from nnhost.config import Settings, SettingsError, load_settings
+from nnhost.controller.service import JobService
 from nnhost.jobs.job import Job, Status
-from nnhost.jobs.service import JobService
 from nnhost.jobs.store import JobStore, connect
 from nnhost.storage.links import LinkSigner
 from nnhost.storage.results import DirectoryStore, ResultMissing, ResultStore

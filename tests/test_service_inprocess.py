@@ -18,21 +18,21 @@ from fakes import FakeFleet
 
 from nnhost.auth.keys import Principal
 from nnhost.config import ModelEntry, Settings
-from nnhost.controller import placement_for
-from nnhost.deployments.catalog import Catalog, ModelSpec
-from nnhost.deployments.contract import Level, ReplicaStatus
-from nnhost.deployments.incidents import Incident
-from nnhost.deployments.manager import DeploymentManager
+from nnhost.controller.board import board
+from nnhost.controller.loop import placement_for
+from nnhost.controller.manager import DeploymentManager
+from nnhost.controller.relay import InProcessLink
+from nnhost.controller.scheduler import Scheduler
+from nnhost.controller.service import JobService
 from nnhost.execution.events import JobEvent
-from nnhost.jobs.board import board
+from nnhost.front.jobs import JobFront, Submission
 from nnhost.jobs.bus import LocalEventBus
-from nnhost.jobs.front import JobFront, Submission
 from nnhost.jobs.job import Status
-from nnhost.jobs.relay import InProcessLink
-from nnhost.jobs.scheduler import Scheduler
-from nnhost.jobs.service import JobService
 from nnhost.jobs.store import JobStore, connect
 from nnhost.jobs.update import JobUpdate
+from nnhost.models.catalog import Catalog, ModelSpec
+from nnhost.replicas.contract import Level, ReplicaStatus
+from nnhost.replicas.incidents import Incident
 from nnhost.storage.blobs import BlobDir
 from nnhost.storage.links import LinkSigner
 from nnhost.storage.results import DirectoryStore
@@ -360,7 +360,7 @@ def test_max_replicas_below_replicas_is_refused():
 
 
 def test_a_replica_is_asked_for_what_it_holds_on_each_device():
-    from nnhost.deployments.ray_replica import resources_for
+    from nnhost.replicas.ray_replica import resources_for
 
     big = ModelSpec(repo_id="org/70b", device_map={f"layer{i}": f"cuda:{i}" for i in range(8)},
                     size_bytes=8 * 20 * MiB)
@@ -425,7 +425,7 @@ def test_a_payload_deletion_that_hangs_holds_a_thread_not_the_loop(tmp_path):
 
 def test_a_model_that_never_serves_fails_its_waiting_jobs_after_a_few_starts(tmp_path):
     """Replicas that keep turning unhealthy are started again, a bounded number of times, then the jobs end."""
-    from nnhost.jobs.service import START_ATTEMPTS
+    from nnhost.controller.service import START_ATTEMPTS
 
     async def body():
         world = await World(tmp_path, [spec("org/a")]).start()

@@ -321,7 +321,7 @@ def test_a_bad_model_entry_is_refused_naming_it(tmp_path, monkeypatch, table, wo
 
 def test_model_entries_load_as_the_specs_they_name(tmp_path, monkeypatch):
     from nnhost.config import ModelEntry
-    from nnhost.deployments.catalog import ModelSpec
+    from nnhost.models.catalog import ModelSpec
 
     settings = _settings_from(
         tmp_path, monkeypatch,

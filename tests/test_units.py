@@ -8,12 +8,12 @@ import time
 import pytest
 
 from nnhost.config import Settings
-from nnhost.deployments.catalog import InvalidModelKey, ModelKey, ModelSpec
+from nnhost.controller.scheduler import FairQueue
+from nnhost.controller.service import JobService
 from nnhost.execution.capture import capture_stdout
 from nnhost.jobs.job import InvalidTransition, Job, Status
-from nnhost.jobs.scheduler import FairQueue
-from nnhost.jobs.service import JobService
 from nnhost.jobs.store import JobStore, connect
+from nnhost.models.catalog import InvalidModelKey, ModelKey, ModelSpec
 from nnhost.storage.links import LinkSigner
 from nnhost.storage.results import DirectoryStore
 
@@ -129,8 +129,8 @@ def test_catalog_from_toml_and_trust_remote_code_needs_the_operator(tmp_path, mo
     listed = catalog.specs["org/listed"]
     assert listed.deploy == "cold" and listed.dtype == "float16"
     # Sized from the checkpoint's headers: float32 weights held as float16, plus 50%.
-    from nnhost.deployments.sizing import weight_bytes
     from nnhost.models.hfcache import find_snapshot
+    from nnhost.models.sizing import weight_bytes
 
     stored = weight_bytes(find_snapshot("org/listed", None, home))
     assert listed.size_bytes == int(stored / 2 * 1.5)

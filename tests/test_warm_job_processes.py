@@ -13,12 +13,12 @@ from __future__ import annotations
 import socket
 import threading
 
-from nnhost.deployments.contract import ReplicaState, ReplicaStatus
-from nnhost.deployments.slots import JobProcesses, Slot
 from nnhost.execution.channel import Channel
 from nnhost.execution.events import JobSpec
 from nnhost.execution.messages import Fork
 from nnhost.execution.policy import WorkerPolicy
+from nnhost.replicas.contract import ReplicaState, ReplicaStatus
+from nnhost.replicas.slots import JobProcesses, Slot
 
 
 class Replica:

@@ -5,12 +5,12 @@ the result store; they receive each other here. What this process builds
 depends on its role (``role`` in the settings):
 
 - ``all`` (the default): one process serves the API and is the controller
-  (`controller.Controller`), which the front reaches directly.
+  (`controller.loop.Controller`), which the front reaches directly.
 - ``api``: the routes, websockets and results only; the front reaches the
-  controller through the database (`jobs.relay.DatabaseLink`) and never runs
+  controller through the database (`front.database_link.DatabaseLink`) and never runs
   a model. Any number of these may share one database, bus and result store.
 - ``controller``: the queue, the deployments and the replicas, once it holds
-  the controller lease (`controller.run_controller`); it serves only
+  the controller lease (`controller.loop.run_controller`); it serves only
   /ping, /status, /env, /whoami and /metrics on its own port.
 """
 
@@ -19,27 +19,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Optional, Sequence
 
 from fastapi import FastAPI
 
+from .api.server import Server
 from .auth.access import Access, settings_problem
 from .auth.accounts import Accounts
 from .auth.keys import LOCAL_ADMIN_EMAIL, KeyStore
 from .config import Settings
+from .controller.lease import Lease
+from .controller.relay import InProcessLink
 from .db import connect
-from .deployments.catalog import Catalog, ModelSpec
-from .deployments.contract import ReplicaFactory
-from .deployments.replica import LocalReplica
+from .front.database_link import DatabaseLink
+from .front.jobs import JobFront
 from .jobs.bus import EventBus, LocalEventBus
-from .jobs.front import JobFront
-from .jobs.lease import Lease
-from .jobs.relay import DatabaseLink, InProcessLink
 from .jobs.store import JobStore
 from .models.adapters import find_adapter
+from .models.catalog import Catalog, ModelSpec
 from .models.hfcache import find_snapshot
 from .storage.blobs import BlobDir
 from .storage.blocking import run_blocking
@@ -47,32 +45,13 @@ from .storage.links import LinkSigner
 from .storage.payloads import DatabasePayloads
 from .storage.results import ResultStore, open_result_store
 from .telemetry.metrics import Metrics
-from .units import parse_size
 
 if TYPE_CHECKING:
-    from .controller import Controller
+    from .controller.loop import Controller
 
 log = logging.getLogger("nnhost")
 
 ADMIN_EMAIL = LOCAL_ADMIN_EMAIL
-
-
-@dataclass
-class Server:
-    """Every part of a running server, for the routes to reach."""
-
-    settings: Settings
-    catalog: Catalog
-    keys: KeyStore
-    bus: EventBus
-    results: ResultStore
-    signer: LinkSigner
-    jobs: JobFront
-    access: Optional[Access] = None
-    accounts: Optional[Accounts] = None
-    metrics: Optional[Metrics] = None
-    #: The controller, when this process is (or stands by to be) one.
-    controller: Optional[Controller] = None
 
 
 def parse_model(text: str) -> ModelSpec:
@@ -108,26 +87,6 @@ def build_catalog(settings: Settings, extra: Sequence[ModelSpec] = ()) -> Catalo
                 "model repositories; set allow_trust_remote_code = true in nnhost.toml to permit it."
             )
     return Catalog(specs, allowed)
-
-
-def memory_budgets(settings: Settings, catalog: Optional[Catalog] = None) -> dict[str, int]:
-    """Bytes per device; the host defaults to 80% of this machine's memory, a GPU to
-    90% of its free memory (`deployments.devices.gpu_memory`) when the catalog uses it."""
-    from .deployments.devices import gpu_memory
-
-    budgets = {device: parse_size(size) for device, size in settings.memory_budget.items()}
-    if "cpu" not in budgets:
-        try:
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            budgets["cpu"] = int(total * 0.8)
-        except (ValueError, OSError):
-            pass
-    wanted = sorted({d for spec in (catalog or ()) for d in spec.placement_devices()} - set(budgets))
-    gpus = [d for d in wanted if d.startswith("cuda")]
-    if gpus:
-        for device, free in gpu_memory(gpus).items():
-            budgets[device] = int(free * 0.9)
-    return budgets
 
 
 def ensure_admin(keys: KeyStore, api_key: Optional[str]) -> Optional[str]:
@@ -176,31 +135,6 @@ def prepare_admin_key(settings: Settings) -> Optional[str]:
         database.close()
 
 
-def worker_environ(settings: Settings, catalog: Catalog) -> dict[str, str]:
-    """Environment for worker processes: the model cache, and offline when it can be."""
-    environ = {"HF_HOME": str(settings.hf_home)}
-    cached = all(
-        find_snapshot(spec.repo_id, spec.revision, settings.hf_home) is not None for spec in catalog
-    )
-    if cached:
-        # Every model is on disk: don't let the loaders reach for the network.
-        environ["HF_HUB_OFFLINE"] = "1"
-    # What user code may do in the workers (import allowlist, containment layers).
-    from .execution.policy import policy_from_settings
-
-    environ.update(policy_from_settings(settings).to_environ())
-    return environ
-
-
-def replica_factory(settings: Settings) -> ReplicaFactory:
-    """Processes on this machine by default; Ray actors where Ray places them with ``cluster``."""
-    if not settings.cluster:
-        return LocalReplica
-    from .deployments.ray_replica import RayReplicas
-
-    return RayReplicas(settings.cluster)
-
-
 def make_bus(settings: Settings) -> EventBus:
     """In-process by default; over Redis (``events = "redis://..."``) for several API processes."""
     if not settings.events:
@@ -243,7 +177,7 @@ def build_result_store(settings: Settings) -> tuple[ResultStore, LinkSigner]:
 def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
     from .api import account_pages, admin, admin_page, hub, ops, protocol, status_page
     from .api.middleware import RequestIds
-    from .controller import build_controller, run_controller
+    from .controller.loop import build_controller, run_controller
 
     problem = settings_problem(settings)
     if problem:
@@ -272,6 +206,8 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
         front.observers.add(metrics.jobs)
         server = Server(settings, catalog, keys, bus, results, signer, front,
                         access=access, accounts=accounts, metrics=metrics)
+        #: This process's controller, once it acts (or stands by to).
+        acting_controller: Optional[Controller] = None
         app.state.server = server
 
         def build() -> Controller:
@@ -288,7 +224,8 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
             tasks.append(board_reader)
 
         def acting(controller: Controller) -> None:
-            server.controller = controller
+            nonlocal acting_controller
+            acting_controller = controller
             front.link = InProcessLink(controller.service, controller.board)
             if board_reader is not None:
                 board_reader.cancel()  # this process makes the board now
@@ -311,8 +248,8 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
         finally:
             for task in tasks:
                 task.cancel()
-            if server.controller is not None:
-                await server.controller.stop(settings.shutdown_grace)
+            if acting_controller is not None:
+                await acting_controller.stop(settings.shutdown_grace)
             if lease is not None:
                 await run_blocking(lease.release)
                 log.info("gave up the controller lease")

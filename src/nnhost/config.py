@@ -43,8 +43,8 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .config_errors import ENV_PREFIX, Origins, SettingConflict, describe, unknown_environment
-from .deployments.catalog import TRANSFORMERS_CLASS, AllowRule, ModelKey, ModelSpec
 from .execution.sandbox_rules import DEFAULT_ALLOWED_IMPORTS
+from .models.catalog import TRANSFORMERS_CLASS, AllowRule, ModelKey, ModelSpec
 from .units import parse_duration, parse_size
 
 MiB = 1024 * 1024
@@ -111,7 +111,7 @@ class ModelEntry(BaseModel):
     """One ``[[model]]`` table of nnhost.toml: a model served, and how it is loaded.
 
     A key that is not a field below is refused, naming the key and the table.
-    The defaults are `deployments.catalog.ModelSpec`'s, which the server builds
+    The defaults are `models.catalog.ModelSpec`'s, which the server builds
     from each entry (`spec`); the entry itself is never changed.
     """
 
@@ -165,7 +165,7 @@ class AllowEntry(BaseModel):
     """One ``[[allow]]`` table of nnhost.toml: models fetched from the Hub on first request.
 
     A key that is not a field below is refused, naming the key and the table.
-    The server matches requests against the `deployments.catalog.AllowRule`
+    The server matches requests against the `models.catalog.AllowRule`
     each entry makes (`rule`); the entry itself is never changed.
     """
 

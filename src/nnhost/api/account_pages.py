@@ -26,7 +26,7 @@ from ..jobs.job import Job, Status
 from ..storage.blocking import run_blocking
 from ..web import STATIC
 from . import replies
-from .deps import access_of, accounts_of, client_address, server_of
+from .deps import client_address, server_of
 from .pages import (
     SESSION_COOKIE,
     Viewer,
@@ -100,7 +100,7 @@ async def login_page(request: Request, next: str = "/keys") -> Response:
 @router.post("/login")
 async def login(request: Request) -> Response:
     viewer = await viewer_of(request)
-    if viewer is not None and access_of(server_of(request)).open:
+    if viewer is not None and server_of(request).access.open:
         return redirect("/keys")
     form, refusal = await read_form(request, None)
     if refusal:
@@ -109,7 +109,7 @@ async def login(request: Request) -> Response:
     email, target = form_field(form, "email"), safe_next(form_field(form, "next"))
     try:
         signed = await password_work(
-            request, accounts_of(server_of(request)).login,
+            request, server_of(request).accounts.login,
             email, form_field(form, "password"), client_address(request),
         )
     except Throttled as error:
@@ -139,7 +139,7 @@ async def signup_page(request: Request, invite: str = "") -> Response:
 
 @router.post("/signup")
 async def signup(request: Request) -> Response:
-    if access_of(server_of(request)).open:
+    if server_of(request).access.open:
         return redirect("/keys")
     form, refusal = await read_form(request, None)
     if refusal:
@@ -158,7 +158,7 @@ async def signup(request: Request) -> Response:
         return again(400, "The two passwords differ. Type the same password twice.")
     try:
         signed = await password_work(
-            request, accounts_of(server_of(request)).signup, email, password, invite, client_address(request)
+            request, server_of(request).accounts.signup, email, password, invite, client_address(request)
         )
     except Throttled as error:
         status = 503 if isinstance(error, Busy) else 429
@@ -176,7 +176,7 @@ async def logout(request: Request) -> Response:
     form, refusal = await read_form(request, viewer)
     if refusal:
         return refusal
-    await run_blocking(accounts_of(server_of(request)).logout, viewer.session_token)
+    await run_blocking(server_of(request).accounts.logout, viewer.session_token)
     response = redirect("/login")
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response
@@ -207,7 +207,7 @@ async def _keys_page(
         notice=notice,
         error=error,
         expiry_choices=list(KEY_EXPIRY),
-        limits=describe(access_of(server).limits(viewer.principal)),
+        limits=describe(server.access.limits(viewer.principal)),
         base_url=base,
         example_model=next(iter(server.catalog), None),
     )

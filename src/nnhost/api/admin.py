@@ -13,12 +13,12 @@ from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ValidationError
 
 from ..auth.keys import Principal
-from ..jobs.front import Refused
+from ..jobs.messages import Refused
 from ..storage.blocking import run_blocking
 from .deps import BodyTooLarge, bounded, require_principal, server_of, validation_problems
 
 if TYPE_CHECKING:
-    from ..app import Server
+    from .server import Server
 
 router = APIRouter()
 

@@ -27,7 +27,7 @@ from .pages import Viewer, message, read_form, redirect, render, to_login, viewe
 from .status_page import overview
 
 if TYPE_CHECKING:
-    from ..app import Server
+    from .server import Server
 
 router = APIRouter(include_in_schema=False)
 

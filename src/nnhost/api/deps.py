@@ -8,22 +8,18 @@ and `admit` are coroutines that make those calls through `run_blocking`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, cast
+from typing import Optional, cast
 
 from fastapi import HTTPException, Request, WebSocket
 from packaging.version import InvalidVersion, Version
 from pydantic import ValidationError
 from starlette.types import Message
 
-from ..auth.access import Access, Throttled
+from ..auth.access import Throttled
 from ..auth.keys import KeyProblem, Principal
 from ..auth.limits import Limits, retry_after
 from ..storage.blocking import run_blocking
-
-if TYPE_CHECKING:
-    from ..app import Server
-    from ..auth.accounts import Accounts
-    from ..telemetry.metrics import Metrics
+from .server import Server
 
 API_KEY_HEADER = "ndif-api-key"
 
@@ -33,32 +29,14 @@ _HOW_TO_SET_KEY = (
 )
 
 
-def server_of(request: Request) -> "Server":
+def server_of(request: Request) -> Server:
     server: Server = request.app.state.server
     return server
 
 
-def server_of_socket(websocket: WebSocket) -> "Server":
+def server_of_socket(websocket: WebSocket) -> Server:
     server: Server = websocket.app.state.server
     return server
-
-
-def access_of(server: "Server") -> Access:
-    """The server's `Access` (the composition root always builds one before serving)."""
-    assert server.access is not None
-    return server.access
-
-
-def accounts_of(server: "Server") -> Accounts:
-    """The server's `Accounts` (the composition root always builds them before serving)."""
-    assert server.accounts is not None
-    return server.accounts
-
-
-def metrics_of(server: "Server") -> Metrics:
-    """The server's `Metrics` (the composition root always builds them before serving)."""
-    assert server.metrics is not None
-    return server.metrics
 
 
 def client_address(request: Request) -> str:
@@ -112,9 +90,9 @@ def too_many(error: Throttled) -> HTTPException:
     return HTTPException(429, error.message, headers=headers)
 
 
-async def identify(server: "Server", key: Optional[str]) -> Optional[Principal]:
+async def identify(server: Server, key: Optional[str]) -> Optional[Principal]:
     """The key's owner, or None (never raises): for routes that work anonymously."""
-    return await run_blocking(access_of(server).identify, key)
+    return await run_blocking(server.access.identify, key)
 
 
 async def require_principal(request: Request) -> Principal:
@@ -122,7 +100,7 @@ async def require_principal(request: Request) -> Principal:
     server = server_of(request)
     try:
         check = await run_blocking(
-            access_of(server).authenticate,
+            server.access.authenticate,
             request.headers.get(API_KEY_HEADER),
             client_address(request),
         )
@@ -152,7 +130,7 @@ async def admit(request: Request, principal: Principal) -> Limits:
     Counts the caller's unfinished jobs in the job store, and their rate in Redis when shared.
     """
     try:
-        return await run_blocking(access_of(server_of(request)).admit, principal)
+        return await run_blocking(server_of(request).access.admit, principal)
     except Throttled as error:
         raise too_many(error) from None
 

@@ -19,7 +19,7 @@ from fastapi.responses import PlainTextResponse, Response
 from ..auth.access import Throttled
 from ..storage.blocking import run_blocking
 from ..telemetry.metrics import CONTENT_TYPE_LATEST
-from .deps import API_KEY_HEADER, access_of, client_address, metrics_of, server_of, too_many
+from .deps import API_KEY_HEADER, client_address, server_of, too_many
 
 router = APIRouter()
 
@@ -57,7 +57,7 @@ async def status(request: Request) -> dict[str, Any]:
     board = server_of(request).jobs.board()
     status = board.model_dump(include={"deployments", "devices"})
     if board.nodes is not None:
-        # On a cluster: memory per node (deployments.nodes).
+        # On a cluster: memory per node (controller.nodes).
         status["nodes"] = board.model_dump(include={"nodes"})["nodes"]
     if board.stale:
         # No controller has reported lately (API processes without one): say so.
@@ -76,7 +76,7 @@ async def whoami(request: Request) -> dict[str, Any]:
     # Counted like any other key check, so /whoami is no faster an oracle than /request.
     try:
         check = await run_blocking(
-            access_of(server_of(request)).authenticate,
+            server_of(request).access.authenticate,
             request.headers.get(API_KEY_HEADER),
             client_address(request),
         )
@@ -109,7 +109,7 @@ async def metrics(request: Request) -> Response:
         # hence input length, could be read off them. Operators only.
         try:
             check = await run_blocking(
-                access_of(server).authenticate, metrics_key(request), client_address(request)
+                server.access.authenticate, metrics_key(request), client_address(request)
             )
         except Throttled as error:
             raise too_many(error) from None
@@ -122,5 +122,5 @@ async def metrics(request: Request) -> Response:
         if not METRICS_TAGS & set(check.principal.tags):
             raise HTTPException(403, "/metrics is for keys tagged admin or metrics; yours is not.")
     # On the event loop, like every change to what it reads: one consistent moment.
-    body = metrics_of(server).exposition()
+    body = server.metrics.exposition()
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -23,7 +23,7 @@ from ..auth.keys import Principal
 from ..auth.sessions import csrf_matches, csrf_token
 from ..storage.blocking import run_blocking
 from ..web import environment
-from .deps import BodyTooLarge, access_of, accounts_of, bounded, server_of
+from .deps import BodyTooLarge, bounded, server_of
 
 SESSION_COOKIE = "nnhost_session"
 FORM_COOKIE = "nnhost_form"
@@ -58,12 +58,12 @@ def is_https(request: Request) -> bool:
 async def viewer_of(request: Request) -> Optional[Viewer]:
     """Who is signed in (their session's row, read through `run_blocking`), or None."""
     server = server_of(request)
-    access = access_of(server)
+    access = server.access
     if access.open:
         assert access.local_admin is not None  # an open server always has its local admin
         return Viewer(access.local_admin, None)
     token = request.cookies.get(SESSION_COOKIE)
-    principal = await run_blocking(accounts_of(server).sessions.principal, token)
+    principal = await run_blocking(server.accounts.sessions.principal, token)
     return Viewer(principal, token) if principal is not None else None
 
 
@@ -93,7 +93,7 @@ def render(
         viewer=viewer,
         csrf=csrf_token(secret, purpose),
         signup_mode=server.settings.signup,
-        open_mode=access_of(server).open,
+        open_mode=server.access.open,
         **context,
     )
     response = HTMLResponse(html, status_code=status, headers={**_HEADERS, **(headers or {})})

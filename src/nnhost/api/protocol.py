@@ -16,10 +16,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.datastructures import FormData, UploadFile
 
-from ..deployments.catalog import InvalidModelKey
+from ..front.jobs import SessionNotOwned, Submission, UnknownModel
 from ..jobs.bus import Frame
-from ..jobs.front import SessionNotOwned, Submission, UnknownModel
 from ..jobs.update import JobUpdate
+from ..models.catalog import InvalidModelKey
 from ..storage.blocking import run_blocking
 from ..storage.results import ResultMissing
 from ..wire import RequestEnvelope
@@ -38,7 +38,7 @@ from .deps import (
 )
 
 if TYPE_CHECKING:
-    from ..app import Server
+    from .server import Server
 
 router = APIRouter()
 log = logging.getLogger("nnhost.api")

@@ -17,7 +17,7 @@ from ..jobs.update import JobUpdate
 from ..wire import Response
 
 if TYPE_CHECKING:
-    from ..app import Server
+    from .server import Server
 
 #: Shortest lifetime of a result link, even for a result about to expire.
 MIN_LINK_TTL = 60.0

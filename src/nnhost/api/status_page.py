@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from ..deployments.contract import ReplicaStatus
+from ..replicas.contract import ReplicaStatus
 from .deps import server_of
 from .pages import render, viewer_of
 
 if TYPE_CHECKING:
-    from ..app import Server
+    from .server import Server
 
 router = APIRouter(include_in_schema=False)
 
@@ -31,7 +31,7 @@ STARTED = time.time()
 
 
 def overview(server: Server) -> dict[str, Any]:
-    """The controller's board (`jobs.board`), with the service's state and this page's clock."""
+    """The controller's board (`controller.board`), with the service's state and this page's clock."""
     board = server.jobs.board()
     if board.draining:
         state = "draining"

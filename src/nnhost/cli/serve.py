@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     from ..config import Settings
-    from ..deployments.catalog import Catalog
+    from ..models.catalog import Catalog
 
 
 def _print_welcome(

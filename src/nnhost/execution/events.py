@@ -7,8 +7,8 @@ reports.
 
 The rules about what a job may say are here too, once, because both sides
 of the replica boundary apply them: a job's process holds itself to them
-(`cut_description`), and the parent side (`deployments.job_watch`) and the
-controller (`jobs.intake`) check them with the same `event_problem`. A limit
+(`cut_description`), and the parent side (`replicas.job_watch`) and the
+controller (`controller.intake`) check them with the same `event_problem`. A limit
 defined once cannot differ between the layer that obeys it and the layers
 that enforce it, so no layer refuses what another let through.
 
@@ -44,7 +44,7 @@ MAX_DESCRIPTION_CHARS = 16 * 1024
 #: Where a cut description says so.
 CUT_MARK = " [cut]"
 #: A LOG line is cut here, by the job's capture (`capture`) and by the
-#: parent's reader of its output pipe (`deployments.job_watch.LogLines`)...
+#: parent's reader of its output pipe (`replicas.job_watch.LogLines`)...
 LOG_LINE_CHARS = 8_192
 #: ...which add a short note of the cut (at most this long in all).
 MAX_LOG_CHARS = LOG_LINE_CHARS + 64

@@ -1,6 +1,6 @@
 """The messages between a replica and its processes: one declared type per kind, read in one place.
 
-A replica (`deployments.replica`, `deployments.slots`) talks to its host
+A replica (`replicas.replica`, `replicas.slots`) talks to its host
 process (`host`), the host to the mapped design's template (`template`), and
 the replica to each job's process (`job_process`), over `channel.Channel`:
 one JSON object per packet, with descriptors alongside. Each kind of object
@@ -17,7 +17,7 @@ rule, the statuses, the description and LOG-line limits, the meta table),
 defined there once because the controller's intake checks a `JobEvent` with
 the same `events.event_problem`. A message that breaks one is refused with
 that rule's own words. The Ray actor's reports to the controller
-(`deployments.ray_host` to `deployments.ray_replica`) are declared here too
+(`replicas.ray_host` to `replicas.ray_replica`) are declared here too
 (`FROM_RAY_ACTOR`), though they travel through Ray rather than a channel.
 
 This module is a leaf: it must never import the replica, the job service or
@@ -196,7 +196,7 @@ class Event(Message):
     Its fields obey `events.event_problem`, the rule the controller's intake
     applies to a `JobEvent` too: a message that breaks it is refused in the
     rule's own words. Whether it fits its job (the right job, in order) is
-    `deployments.job_watch`'s business.
+    `replicas.job_watch`'s business.
     """
 
     type: Literal["event"] = "event"
@@ -244,7 +244,7 @@ class RayIdle(Message):
 
 
 class RayIncident(Message):
-    """One of `deployments.incidents.Incident`, by value."""
+    """One of `replicas.incidents.Incident`, by value."""
 
     type: Literal["incident"] = "incident"
     incident: str

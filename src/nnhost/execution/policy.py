@@ -45,7 +45,7 @@ class WorkerPolicy:
     test_hooks: bool = False
     #: The operator's choice of design: "auto", "fork" or "mapped" (see `design`).
     execution: str = "auto"
-    #: Host processes kept prepared for the next cold start (`deployments.spare_hosts`);
+    #: Host processes kept prepared for the next cold start (`replicas.spare_hosts`);
     #: read by the replica, which starts them.
     spare_hosts: int = 0
     #: Seconds a replica waits for a job process it asked for to say it is ready.

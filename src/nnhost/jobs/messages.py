@@ -147,8 +147,24 @@ def command_row(command: Command) -> tuple[str, str]:
 
 # -- answers -------------------------------------------------------------------------------
 
+#: With separate processes: the bus name the controller listens on for "something
+#: new is in the database" (an API process stored a job or a command).
+WAKE = "nnhost-controller-wake"
+#: The ``shared_values`` row the controller publishes its board in, and how often.
+BOARD = "board"
+PUBLISH_EVERY = 1.0
+
 #: The HTTP statuses a refusal may carry (an error's, never a success's).
 RefusalCode = Annotated[int, Field(ge=400, le=599)]
+
+
+class Refused(RuntimeError):
+    """The controller will not do what was asked (a `Refusal` as an exception); ``code`` is the HTTP status that says why."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
 
 
 class Done(_Message):
@@ -236,7 +252,7 @@ class ModelEntry(_Given):
     replicas: Replicas
     queued: int
     running: int
-    #: Containment incidents by kind (`deployments.incidents`), worker restarts included.
+    #: Containment incidents by kind (`replicas.incidents`), worker restarts included.
     incidents: dict[str, int]
     # The last hour's jobs (`telemetry.recent`), when the controller keeps that history.
     median_wait_seconds: Optional[Number] = None
@@ -252,7 +268,7 @@ class StatusEntry(_Given):
     """One replica in ``/status``'s ``deployments`` (one COLD entry for a model without any).
 
     The keys are the nnsight client's (``nnsight.status()``), built by
-    `deployments.report`; the board adds ``queued``.
+    `controller.report`; the board adds ``queued``.
     """
 
     deployment: str
@@ -306,7 +322,7 @@ class Board(_Message):
     """What the controller reports: every model's state, queues and memory, as one value.
 
     It holds nothing of any user's: no job ids, no emails. ``stale`` and
-    ``published_seconds_ago`` are the reader's (`relay.read_board`), never
+    ``published_seconds_ago`` are the reader's (`front.database_link.read_board`), never
     the controller's: they say how old a published board is.
     """
 

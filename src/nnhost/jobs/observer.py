@@ -14,6 +14,7 @@ import logging
 from typing import Iterable, Protocol
 
 from .job import Job
+from .text import one_line
 
 log = logging.getLogger("nnhost.jobs")
 
@@ -35,8 +36,6 @@ class Observers:
     def noted(self, job: Job) -> None:
         """One server log line per recorded status (the job's id in its fields), then the observers."""
         if log.isEnabledFor(logging.INFO):  # no wording work on the hot path when not logged
-            from .intake import one_line
-
             log.info(
                 "job %s %s on %s: %s", job.id, job.status.value, job.deployment,
                 one_line(job.description),

@@ -8,9 +8,9 @@ transaction, locking the row where the database can (PostgreSQL), so two
 processes cannot both move one job.
 
 Every method blocks on the database. The API calls the store through
-`storage.blocking.run_blocking` (`jobs.front.JobFront`), so a slow database
+`storage.blocking.run_blocking` (`front.jobs.JobFront`), so a slow database
 holds a worker thread rather than the event loop; the controller's own loop
-(`jobs.service`) still calls it directly. It knows nothing about HTTP, nor
+(`controller.service`) still calls it directly. It knows nothing about HTTP, nor
 which database it is talking to.
 """
 

@@ -7,7 +7,7 @@ In JSON mode a line carries the fields a log pipeline filters on: ``job_id``,
 ``request_id`` where it was written while an HTTP request was being handled
 (`request_id` is set by the API's middleware). A JSON line can hold any text
 without breaking the one-line-per-event rule; text lines are the caller's
-responsibility (see `jobs.intake.one_line`). This module never decides what
+responsibility (see `jobs.text.one_line`). This module never decides what
 is logged, only how.
 """
 

@@ -4,7 +4,7 @@ Two kinds of numbers. Events are counted as they happen: `JobMetrics` is a
 `jobs.observer.JobObserver` (received and finished jobs by model and final
 status, time waiting for a replica, time running, result sizes), and the API
 middleware counts HTTP responses. State is read when Prometheus scrapes:
-`_StateCollector` reads the controller's board (`jobs.board`: queue
+`_StateCollector` reads the controller's board (`controller.board`: queue
 lengths, levels, replica states, memory per device and the incident tallies,
 i.e. worker restarts and containment faults), live in its own process and as
 last published on an API process. Scrapes happen on the event loop, the same
@@ -26,10 +26,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 
-from ..deployments.incidents import Incident
-from ..deployments.manager import COLD, HOT, WARM
 from ..jobs.job import Job, Status
 from ..jobs.messages import Board
+from ..replicas.contract import Level
+from ..replicas.incidents import Incident
 from .recent import RecentJobs
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
@@ -133,7 +133,7 @@ class _StateCollector:
             name = model.name
             queue.add_metric([name], model.queued)
             running.add_metric([name], model.running)
-            for each in (HOT, WARM, COLD):
+            for each in (Level.HOT, Level.WARM, Level.COLD):
                 level.add_metric([name, each], 1.0 if model.level == each else 0.0)
             for state, count in sorted(model.replicas.by_state.items()):
                 replicas.add_metric([name, state], count)

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import Iterable, Optional, Unpack
 
-from .bus import EventBus
-from .job import Job, Status
-from .observer import JobObserver, Observers
-from .store import Changes, JobStore
-from .update import JobUpdate
+from ..jobs.bus import EventBus
+from ..jobs.job import Job, Status
+from ..jobs.observer import JobObserver, Observers
+from ..jobs.store import Changes, JobStore
+from ..jobs.update import JobUpdate
 
 
 class Recorder:

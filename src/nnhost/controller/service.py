@@ -22,21 +22,22 @@ import logging
 from typing import Callable, Iterable, Optional, Union, Unpack
 
 from ..config import Settings
-from ..deployments.manager import HOT, CannotFit, Deployment, DeploymentManager
-from ..deployments.on_demand import OnDemand
 from ..execution.events import JobEvent, JobSpec
+from ..jobs.bus import EventBus
+from ..jobs.job import Job, Status
+from ..jobs.observer import JobObserver
+from ..jobs.store import Changes, JobStore
+from ..jobs.text import clean_text
 from ..models.adapters import UnknownAdapter, check_adapter
 from ..storage.blocking import run_blocking
 from ..storage.payloads import JobPayloads
 from ..storage.results import ResultStore
-from .bus import EventBus
 from .completion import Completion
-from .intake import LogBudget, check_event, clean_text, event_job_id
-from .job import Job, Status
-from .observer import JobObserver
+from .intake import LogBudget, check_event, event_job_id
+from .manager import HOT, CannotFit, Deployment, DeploymentManager
+from .on_demand import OnDemand
 from .recorder import Recorder
 from .scheduler import Scheduler
-from .store import Changes, JobStore
 from .upkeep import Upkeep
 
 log = logging.getLogger("nnhost.jobs")

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
+from ..models.catalog import AllowRule, ModelKey, ModelSpec
+from ..models.downloader import DownloadRefused, HubDownloader, Plan
 from ..models.hfcache import find_snapshot
+from ..models.sizing import weight_bytes
 from ..units import format_size
-from .catalog import AllowRule, ModelKey, ModelSpec
-from .downloader import DownloadRefused, HubDownloader, Plan
 from .manager import COLD, DeploymentManager
-from .sizing import weight_bytes
 
 log = logging.getLogger("nnhost.deployments")
 T = TypeVar("T")

@@ -39,6 +39,7 @@ from ..execution.messages import FROM_RAY_ACTOR, RayIdle, RayIncident, RayJobEve
 from ..execution.worker import WorkerOptions
 from ..models.adapters import read_adapter
 from .contract import (
+    Need,
     NodeCapacity,
     OnIdle,
     OnIncident,
@@ -49,7 +50,6 @@ from .contract import (
     ReplicaStatus,
 )
 from .incidents import Incident
-from .nodes import Need
 
 if TYPE_CHECKING:
     from .ray_host import ReplicaHost
@@ -144,7 +144,7 @@ def read_nodes() -> list[NodeCapacity]:
 def resources_for(needs: dict[str, int]) -> dict[str, Any]:
     """What to ask Ray for: a GPU per CUDA device one replica spans (all on one node, as
     ``device_map`` needs), and the host memory it holds; one CPU for its processes
-    (`nodes.Need`, which the manager budgets each node with)."""
+    (`contract.Need`, which the manager budgets each node with)."""
     need = Need.of(needs)
     wanted: dict[str, Any] = {"num_cpus": need.cpus}
     if need.gpus:

@@ -17,17 +17,17 @@ import time
 from typing import Callable, Optional
 
 from ..config import Settings
-from ..deployments.manager import DeploymentManager
+from ..jobs.job import Job, Status
+from ..jobs.store import JobStore
 from ..storage.blocking import run_blocking
 from ..storage.payloads import JobPayloads
 from ..storage.results import ResultStore
 from ..units import format_duration
 from .completion import Completion, Finished
 from .intake import LIVE_STATUSES
-from .job import Job, Status
+from .manager import DeploymentManager
 from .recorder import Recorder
 from .scheduler import Scheduler
-from .store import JobStore
 
 log = logging.getLogger("nnhost.jobs")
 #: Seconds past the time limit and kill grace before a silent job is failed.

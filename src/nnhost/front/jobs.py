@@ -6,7 +6,7 @@ never lost), look jobs up, cancel them, read what the controller reports, and
 ask the controller to act. It never dispatches or runs anything itself: it
 tells the controller through a `ControllerLink`, which is the controller's
 own `JobService` in this process (``role = "all"``), or the database
-(`relay.DatabaseLink`) when the controller is another process, perhaps on
+(`database_link.DatabaseLink`) when the controller is another process, perhaps on
 another machine. It knows nothing of HTTP.
 
 Its methods are coroutines and run on the event loop; the job store and the
@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Protocol
 
 from ..auth.keys import Principal
-from ..deployments.catalog import Catalog, ModelKey
+from ..jobs.bus import EventBus
+from ..jobs.job import Job, Status
+from ..jobs.messages import Board, Command, MalformedMessage, Refused, Result, parse_command
+from ..jobs.observer import JobObserver, Observers
+from ..jobs.store import JobStore
+from ..models.catalog import Catalog, ModelKey
 from ..storage.blocking import run_blocking
 from ..storage.payloads import JobPayloads
-from .bus import EventBus
-from .job import Job, Status
-from .messages import Board, Command, MalformedMessage, Result, parse_command
-from .observer import JobObserver, Observers
-from .store import JobStore
 
 
 class UnknownModel(LookupError):
@@ -38,15 +38,6 @@ class UnknownModel(LookupError):
 
 class SessionNotOwned(PermissionError):
     """The request names a websocket session that is not the caller's."""
-
-
-class Refused(RuntimeError):
-    """The controller will not do what was asked; ``code`` is the HTTP status that says why."""
-
-    def __init__(self, code: int, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
 
 
 @dataclass
@@ -98,7 +89,7 @@ class JobFront:
         spec = self.catalog.match(key)
         rule = self.catalog.allowance(key) if spec is None else None
         if rule is not None and rule.spec(key).name not in self.catalog.specs:
-            # Not served yet, but allowed: the controller fetches it (`deployments.on_demand`).
+            # Not served yet, but allowed: the controller fetches it (`controller.on_demand`).
             # (A name already served under another task or class is not a second deployment.)
             spec = rule.spec(key)
         if spec is None:

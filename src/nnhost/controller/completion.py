@@ -20,11 +20,11 @@ from functools import cached_property, partial
 from typing import Any, Callable, Optional
 
 from ..config import Settings
+from ..jobs.job import Job, Status
+from ..jobs.store import JobStore
 from ..storage.results import AsyncResultStore, ResultStore
 from ..units import format_size
-from .job import Job, Status
 from .recorder import Recorder
-from .store import JobStore
 
 log = logging.getLogger("nnhost.jobs")
 #: What storing a result came to: (stored size, bytes to send inline, whether it failed).

@@ -21,30 +21,14 @@ refreshed) and never starts or stops a replica except through the manager's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
+from ..replicas.contract import Level, Need, NodeCapacity, PlacesOnNodes
 from ..units import format_size
-from .contract import Level, NodeCapacity, PlacesOnNodes
 from .placement import CannotFit, Holdings
 
 if TYPE_CHECKING:
     from .manager import Deployment, DeploymentManager
-
-
-@dataclass(frozen=True)
-class Need:
-    """What one replica reserves on its node: host memory, CPUs, whole GPUs."""
-
-    memory: int = 0
-    cpus: float = 1
-    gpus: float = 0
-
-    @classmethod
-    def of(cls, shares: dict[str, int]) -> "Need":
-        """From a replica's HOT shares: a GPU per CUDA device (all on one node), its host bytes."""
-        return cls(memory=int(shares.get("cpu", 0)),
-                   gpus=sum(1 for device in shares if device.startswith("cuda")))
 
 
 class _Free:

@@ -46,8 +46,8 @@ from urllib.parse import quote
 
 import httpx
 
-from ..models.hfcache import hub_cache_dir, repo_folder
 from ..units import format_size
+from .hfcache import hub_cache_dir, repo_folder
 from .sizing import header_bytes
 
 #: Files whose names end so are weights: with safetensors present, the others are skipped.

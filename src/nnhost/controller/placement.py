@@ -5,7 +5,7 @@ that it does, depends on where replicas land. On this machine each device has
 a memory budget (`DeviceBudgets`); when the replica factory places replicas
 on a cluster's nodes, room is kept per node instead (`nodes.NodeRoom`), and
 this machine's budgets play no part. The composition root picks one
-(`controller.placement_for`) and gives it to `manager.DeploymentManager`, which asks it
+(`loop.placement_for`) and gives it to `manager.DeploymentManager`, which asks it
 the same questions either way and never asks which one it holds.
 
 A placement is called on the controller's event loop. It reads the manager's
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
+from ..replicas.contract import Level
 from ..units import format_size
-from .contract import Level
 
 if TYPE_CHECKING:
     from .manager import Deployment

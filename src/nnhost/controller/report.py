@@ -1,7 +1,7 @@
 """What ``/status`` says of each deployment: one entry per replica, as the nnsight client reads it.
 
 ``nnsight.status()`` and ``is_model_running()`` read these entries (their
-keys are the client's); the job board (`jobs.board`) adds queue lengths and
+keys are the client's); the job board (`controller.board`) adds queue lengths and
 publishes them. Reading only: nothing here changes a deployment.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .contract import ReplicaStatus
+from ..replicas.contract import ReplicaStatus
 from .manager import COLD
 
 if TYPE_CHECKING:

@@ -118,6 +118,21 @@ class NodeCapacity:
     gpus: float
 
 
+@dataclass(frozen=True)
+class Need:
+    """What one replica reserves on its node: host memory, CPUs, whole GPUs."""
+
+    memory: int = 0
+    cpus: float = 1
+    gpus: float = 0
+
+    @classmethod
+    def of(cls, shares: dict[str, int]) -> "Need":
+        """From a replica's HOT shares: a GPU per CUDA device (all on one node), its host bytes."""
+        return cls(memory=int(shares.get("cpu", 0)),
+                   gpus=sum(1 for device in shares if device.startswith("cuda")))
+
+
 @runtime_checkable
 class PlacesOnNodes(Protocol):
     """A `ReplicaFactory` whose replicas land on the nodes of a cluster, one node each.

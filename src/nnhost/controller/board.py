@@ -18,11 +18,11 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
-from ..deployments.contract import ReplicaStatus
-from ..deployments.manager import Deployment
-from ..deployments.nodes import memory_report
-from ..deployments.report import status_entries
-from .messages import Board, Containment, Device, Minute, ModelEntry, NodeRoom, Replicas, StatusEntry
+from ..jobs.messages import Board, Containment, Device, Minute, ModelEntry, NodeRoom, Replicas, StatusEntry
+from ..replicas.contract import ReplicaStatus
+from .manager import Deployment
+from .nodes import memory_report
+from .report import status_entries
 from .service import JobService
 
 #: Per model, what the recent-jobs history adds (median wait and run, counts).

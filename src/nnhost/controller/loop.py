@@ -2,16 +2,16 @@
 
 With ``role = "all"`` the API's lifespan builds one `Controller` and starts it
 at once. With ``role = "controller"`` `run_controller` first waits for the
-controller lease (`jobs.lease`): a second controller started against the same
+controller lease (`controller.lease`): a second controller started against the same
 database stands by and takes over when the first stops renewing it. Either
 way the controller recovers the jobs a previous one left (requeues what had
 not started, fails what may have run), and then keeps them moving with one
 control loop: each `Controller.tick` runs the periodic work in a fixed order
 (reports, intake, commands, dispatch, scaling, sweep, publish; see `tick`),
 in the spirit of Ray Serve's ``run_control_loop_step``. The replicas' and the
-fetcher's reports reach it through a queue (`jobs.inbox.Inbox`) that wakes
+fetcher's reports reach it through a queue (`controller.inbox.Inbox`) that wakes
 the loop as they arrive; with separate processes the loop also relays
-(`jobs.relay.Relay`: new jobs and commands from the database, the board to it).
+(`controller.relay.Relay`: new jobs and commands from the database, the board to it).
 
 `build_controller` builds the parts in dependency order (inbox, scheduler,
 placement, deployments, fetcher, job service), each given what it uses. This
@@ -30,28 +30,31 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
 
-from .config import Settings
-from .db import Database
-from .deployments.catalog import Catalog
-from .deployments.contract import PlacesOnNodes, ReplicaFactory
-from .deployments.manager import DeploymentManager
-from .deployments.nodes import NodeRoom
-from .deployments.placement import DeviceBudgets, Placement
-from .jobs.board import board
-from .jobs.bus import EventBus, Session
-from .jobs.inbox import Inbox
-from .jobs.lease import RENEW_EVERY, Lease
-from .jobs.observer import JobObserver
-from .jobs.relay import INTAKE_EVERY, PUBLISH_EVERY, WAKE, Relay
-from .jobs.scheduler import Scheduler
-from .jobs.service import JobService
-from .jobs.store import JobStore
-from .storage.blocking import run_blocking
-from .storage.payloads import JobPayloads
-from .storage.results import ResultStore
+from ..config import Settings
+from ..db import Database
+from ..jobs.bus import EventBus, Session
+from ..jobs.messages import PUBLISH_EVERY, WAKE
+from ..jobs.observer import JobObserver
+from ..jobs.store import JobStore
+from ..models.catalog import Catalog
+from ..replicas.contract import PlacesOnNodes, ReplicaFactory
+from ..replicas.factory import replica_factory, worker_environ
+from ..storage.blocking import run_blocking
+from ..storage.payloads import JobPayloads
+from ..storage.results import ResultStore
+from .board import board
+from .devices import memory_budgets
+from .inbox import Inbox
+from .lease import RENEW_EVERY, Lease
+from .manager import DeploymentManager
+from .nodes import NodeRoom
+from .placement import DeviceBudgets, Placement
+from .relay import INTAKE_EVERY, Relay
+from .scheduler import Scheduler
+from .service import JobService
 
 if TYPE_CHECKING:
-    from .telemetry.recent import RecentJobs
+    from ..telemetry.recent import RecentJobs
 
 log = logging.getLogger("nnhost")
 
@@ -85,7 +88,7 @@ class Controller:
     deployments: DeploymentManager
     scheduler: Scheduler
     service: JobService
-    #: Where the deployments and the fetcher post their reports (`jobs.inbox`).
+    #: Where the deployments and the fetcher post their reports (`controller.inbox`).
     inbox: Inbox = field(default_factory=Inbox)
     #: The recent-jobs history the board adds to each model (`telemetry.recent`).
     recent: Optional[RecentJobs] = None
@@ -94,7 +97,7 @@ class Controller:
     _loop: Optional[asyncio.Task[None]] = field(default=None, init=False)
     #: Steps that wait on I/O, by name, while one is in flight (one of each at a time).
     _pending: dict[str, asyncio.Task[None]] = field(default_factory=dict, init=False)
-    #: An API process called (`relay.WAKE`): intake runs at the next tick.
+    #: An API process called (`messages.WAKE`): intake runs at the next tick.
     _woken: bool = field(default=False, init=False)
     #: Set by `stop`: the loop only takes in reports from then on.
     _stopping: bool = field(default=False, init=False)
@@ -182,7 +185,7 @@ class Controller:
         5. scaling: extra replicas idle long enough stop (`STUCK_SWEEP_SECONDS`);
         6. sweep: jobs past their time limit fail (the same period); expired
            results are deleted (a quarter of the retention, at most a minute);
-        7. publish: with separate processes, the board (`relay.PUBLISH_EVERY`).
+        7. publish: with separate processes, the board (`messages.PUBLISH_EVERY`).
 
         While the controller stops, only 1 runs. A step that waits on I/O (the
         intake's payload copies and the commands, deleting results, writing the
@@ -291,7 +294,6 @@ def build_controller(
     observers: list[JobObserver],
     recent: Optional[RecentJobs] = None,
 ) -> Controller:
-    from .app import memory_budgets, replica_factory, worker_environ
 
     loop = asyncio.get_running_loop()
     # Built in dependency order. The manager and the fetcher post their reports to
@@ -300,7 +302,7 @@ def build_controller(
     inbox = Inbox()
     scheduler = Scheduler()
     factory = replica_factory(settings)
-    # On a cluster, room is per node, from what Ray reports (deployments.nodes).
+    # On a cluster, room is per node, from what Ray reports (controller.nodes).
     budgets = memory_budgets(settings, catalog) if not settings.cluster else {}
     deployments = DeploymentManager(
         catalog,
@@ -317,8 +319,8 @@ def build_controller(
     )
     on_demand = None
     if catalog.allowed:
-        from .deployments.downloader import HubDownloader
-        from .deployments.on_demand import OnDemand
+        from ..models.downloader import HubDownloader
+        from .on_demand import OnDemand
 
         on_demand = OnDemand(
             deployments,

@@ -4,7 +4,7 @@ Why it exists: the deployment manager (replica events, state changes, idle
 replicas) and the on-demand fetcher (progress, a model ready, a fetch that
 failed) are built before the job service, which needs them; they post
 reports here instead of holding the service, and the controller's loop
-(`controller.Controller.tick`) hands every queued report to the service, in
+(`loop.Controller.tick`) hands every queued report to the service, in
 arrival order, as the first step of each tick. So the parts are built in
 dependency order, nothing holds a reference that is still unset, and the
 job service's logic runs from one loop rather than from callbacks scheduled

@@ -1,4 +1,8 @@
-"""What the accelerators of this machine hold, asked without keeping a CUDA context.
+"""Each device's memory budget: what the operator set, else what this machine holds.
+
+`memory_budgets` is what the controller's placement (`placement.DeviceBudgets`)
+fits replicas into: the host defaults to 80% of this machine's memory, a GPU
+to 90% of what the device says is free.
 
 A GPU's memory budget defaults to what the device itself says is free
 (``torch.cuda.mem_get_info``). Asking from the API process would create a CUDA
@@ -11,9 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
-from typing import Sequence
+from typing import Optional, Sequence
+
+from ..config import Settings
+from ..models.catalog import Catalog
+from ..units import parse_size
 
 log = logging.getLogger("nnhost")
 
@@ -47,3 +56,21 @@ def gpu_memory(devices: Sequence[str], timeout: float = 120.0) -> dict[str, int]
     if missing:
         log.warning("no memory figure for %s: those devices have no budget", ", ".join(missing))
     return {name: int(free) for name, (free, _total) in answer.items()}
+
+
+def memory_budgets(settings: Settings, catalog: Optional[Catalog] = None) -> dict[str, int]:
+    """Bytes per device: ``memory_budget`` where set; the host 80% of this machine's memory,
+    and a GPU the catalog uses 90% of its free memory (`gpu_memory`)."""
+    budgets = {device: parse_size(size) for device, size in settings.memory_budget.items()}
+    if "cpu" not in budgets:
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            budgets["cpu"] = int(total * 0.8)
+        except (ValueError, OSError):
+            pass
+    wanted = sorted({d for spec in (catalog or ()) for d in spec.placement_devices()} - set(budgets))
+    gpus = [d for d in wanted if d.startswith("cuda")]
+    if gpus:
+        for device, free in gpu_memory(gpus).items():
+            budgets[device] = int(free * 0.9)
+    return budgets

@@ -35,13 +35,13 @@ from typing import Any, Callable, Optional
 
 from ..execution.events import JobEvent, JobSpec
 from ..execution.worker import WorkerOptions
-from .catalog import Catalog, ModelKey, ModelSpec
-from .contract import Level, Replica, ReplicaFactory, ReplicaState, ReplicaStatus
-from .incidents import Tally
+from ..models.catalog import Catalog, ModelKey, ModelSpec
+from ..models.sizing import threads_per_job
+from ..replicas.contract import Level, Replica, ReplicaFactory, ReplicaState, ReplicaStatus
+from ..replicas.incidents import Tally
 from .placement import CannotFit as CannotFit  # raised here by the placement; callers catch it
 from .placement import Placement
 from .scaling import Scaling
-from .sizing import threads_per_job
 
 log = logging.getLogger("nnhost.deployments")
 

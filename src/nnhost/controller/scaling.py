@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
-from .contract import Level, Replica, ReplicaStatus
+from ..replicas.contract import Level, Replica, ReplicaStatus
 
 if TYPE_CHECKING:
     from .manager import Deployment, HasWork

@@ -2,7 +2,7 @@
 
 The rules live here, on the controller's side, so that an API process in the
 same process (``role = "all"``) and one on another machine (through
-`relay.DatabaseLink`) get the same answers. A refusal is a `front.Refused`
+`front.database_link.DatabaseLink`) get the same answers. A refusal is a `messages.Refused`
 carrying the HTTP status the API answers with; this module knows nothing of
 HTTP beyond that number.
 
@@ -13,10 +13,9 @@ dictionary of arguments.
 
 from __future__ import annotations
 
-from ..deployments.contract import Level
-from ..deployments.manager import COLD, HOT, WARM, CannotFit, Deployment
-from .front import Refused
-from .messages import Cancel, Cancelled, Command, Deploy, Deployed, Evict, Evicted, Result
+from ..jobs.messages import Cancel, Cancelled, Command, Deploy, Deployed, Evict, Evicted, Refused, Result
+from ..replicas.contract import Level
+from .manager import COLD, HOT, WARM, CannotFit, Deployment
 from .service import JobService
 
 

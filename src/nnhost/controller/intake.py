@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..execution.events import JobEvent, event_problem, is_job_id
+from ..jobs.job import InvalidTransition, Job, Status, check_transition
 from ..units import format_size
-from .job import InvalidTransition, Job, Status, check_transition
 
 #: Only a job handed to a replica can hear from one.
 LIVE_STATUSES = (Status.DISPATCHED, Status.RUNNING)
@@ -55,22 +55,6 @@ def check_event(event: Any, job: Optional[Job], deployment: str) -> Optional[str
         except InvalidTransition as error:
             return f"job {job_id}: {error}"
     return None
-
-
-def clean_text(text: str) -> str:
-    """Text SQLite and JSON can hold: lone surrogates (which they cannot encode) replaced."""
-    return text.encode("utf-8", "replace").decode("utf-8")
-
-
-def one_line(text: str, limit: int = 200) -> str:
-    """Text for a server log line: its first line, shortened, control characters escaped.
-
-    Descriptions carry the user's own tracebacks; in the operator's log they must
-    not be able to start a line of their own.
-    """
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    first = first if len(first) <= limit else first[: limit - 3] + "..."
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in first)
 
 
 @dataclass

@@ -102,7 +102,7 @@ def header_bytes(header: dict[str, Any], dtype: Optional[str] = None) -> dict[st
     """Bytes each tensor of one safetensors header takes held as ``dtype``.
 
     The header may come from a file on disk or from a range read of a remote one
-    (`deployments.downloader`): an entry that is not a tensor's raises ValueError.
+    (`models.downloader`): an entry that is not a tensor's raises ValueError.
     """
     target = _width(dtype)
     quantized = (dtype or "").lower() in QUANTIZATION_BYTES
