@@ -135,7 +135,7 @@ def model_entry(**fields) -> dict:
 
 
 def test_a_board_survives_its_publication_key_for_key():
-    board = Board.of({
+    board = Board.model_validate({
         "models": [model_entry()],
         "devices": {"cpu": {"budget_bytes": 1 << 30, "used_bytes": 0}},
         "nodes": {"n1": {"address": "10.0.0.1", "budget_bytes": 8, "used_bytes": 0, "cpus": 4.0,
@@ -146,7 +146,7 @@ def test_a_board_survives_its_publication_key_for_key():
     assert read == board and not read.stale
     # A key the controller did not give is not served as null (the recent-jobs medians).
     assert "median_wait_seconds" not in read.model_dump()["models"][0]
-    with_medians = Board.of({"models": [model_entry(median_wait_seconds=None, median_run_seconds=1,
+    with_medians = Board.model_validate({"models": [model_entry(median_wait_seconds=None, median_run_seconds=1,
                                                     completed=1, errors=0)]})
     served = Board.read(with_medians.text()).model_dump()["models"][0]
     assert served["median_wait_seconds"] is None and served["median_run_seconds"] == 1

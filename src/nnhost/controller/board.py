@@ -6,11 +6,12 @@ other and look the same on every API process: with ``role = "all"`` it is
 computed on each read; a separate controller publishes it to the database
 (`relay.Relay`) about once a second and API processes read that.
 
-`build` makes a `messages.Board` (the model declares every key and its
-type); `board` returns its JSON data, which is what the composition root
-hands to the links (`relay`), and each link checks it back into a `Board`
-when it reads it, exactly as a published one is checked. It must hold
-nothing of any user's: no job ids, no emails.
+`board` makes a `messages.Board`: the model declares every key and its
+type, and checks each part as it is built, so what the links hand on
+(`relay.InProcessLink`, `relay.Relay.publish`) is already a checked board;
+only a published one, which another process wrote, is checked again when an
+API process reads it. It must hold nothing of any user's: no job ids, no
+emails.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ def _description(deployment: Deployment) -> str:
     return deployment.note
 
 
-def build(service: JobService, summaries: Optional[Summaries] = None,
+def board(service: JobService, summaries: Optional[Summaries] = None,
           per_minute: Optional[list[dict[str, Any]]] = None) -> Board:
+    """The controller's board now."""
     manager, scheduler = service.deployments, service.scheduler
     models = []
     for name, deployment in manager.deployments.items():
@@ -101,9 +103,3 @@ def build(service: JobService, summaries: Optional[Summaries] = None,
         per_minute=[Minute(**minute) for minute in per_minute or []],
         generated_at=time.time(),
     )
-
-
-def board(service: JobService, summaries: Optional[Summaries] = None,
-          per_minute: Optional[list[dict[str, Any]]] = None) -> dict[str, Any]:
-    """`build`'s board as JSON data, for the links to check and read (`relay`)."""
-    return build(service, summaries, per_minute).model_dump()

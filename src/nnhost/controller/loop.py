@@ -28,12 +28,12 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Optional
+from typing import TYPE_CHECKING, Awaitable, Callable, Optional
 
 from ..config import Settings
 from ..db import Database
 from ..jobs.bus import EventBus, Session
-from ..jobs.messages import PUBLISH_EVERY, WAKE
+from ..jobs.messages import PUBLISH_EVERY, WAKE, Board
 from ..jobs.observer import JobObserver
 from ..jobs.store import JobStore
 from ..models.catalog import Catalog
@@ -111,7 +111,7 @@ class Controller:
         self._intake = Every(INTAKE_EVERY)
         self._publish = Every(PUBLISH_EVERY)
 
-    def board(self) -> dict[str, Any]:
+    def board(self) -> Board:
         recent = self.recent
         return board(
             self.service,

@@ -16,7 +16,7 @@ is `front.database_link.DatabaseLink`, and `Relay` is this side of it:
   is durable: one sent while controllers change hands is carried out by the
   next. Answers are kept `KEEP_ANSWERS` seconds.
 - `Relay.publish` writes the board (`board`) every `messages.PUBLISH_EVERY`
-  seconds, checked first (`messages.Board.of`), for the API processes to read.
+  seconds for the API processes to read.
 
 This module moves messages; it must never decide what a command does
 (`controls`) nor speak HTTP.
@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from sqlalchemy import delete, insert, select, update
 
@@ -61,9 +61,9 @@ KEEP_ANSWERS = 3600.0
 class InProcessLink:
     """The controller is this process's own job service."""
 
-    def __init__(self, service: JobService, board: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, service: JobService, board: Callable[[], Board]) -> None:
         self.service = service
-        #: The controller's board as JSON data (`board.board`).
+        #: The controller's board (`board.board`).
         self._board = board
 
     def accepted(self, job: Job) -> None:
@@ -82,13 +82,13 @@ class InProcessLink:
         return carry_out(self.service, command)
 
     def board(self) -> Board:
-        return Board.of(self._board())
+        return self._board()
 
 
 class Relay:
     """The controller's side: take new jobs and commands, publish the board."""
 
-    def __init__(self, service: JobService, database: Database, board: Callable[[], dict[str, Any]],
+    def __init__(self, service: JobService, database: Database, board: Callable[[], Board],
                  taken: Optional[set[str]] = None, bus: Optional[EventBus] = None) -> None:
         self.service = service
         self.database = database
@@ -152,11 +152,10 @@ class Relay:
                            .values(done_at=time.time(), result=answer_text(answer)))
         return len(pending)
 
-    def publish(self, board: dict[str, Any]) -> None:
-        """Publish ``board`` (`board.board`'s JSON data), checked first: a malformed one
-        raises `MalformedMessage` here rather than in every API process that reads it."""
+    def publish(self, board: Board) -> None:
+        """Publish ``board`` (`board.board`) for the API processes to read."""
         now = time.time()
-        value = Board.of(board).text()
+        value = board.text()
         with self.database.write() as db:
             done = db.execute(update(shared_values).where(shared_values.c.name == BOARD)
                               .values(value=value, updated_at=now))

@@ -348,11 +348,3 @@ class Board(_Message):
             return cls.model_validate_json(raw)
         except ValidationError as error:
             raise MalformedMessage(f"The controller's board is malformed: {problems(error)}") from None
-
-    @classmethod
-    def of(cls, data: dict[str, Any]) -> "Board":
-        """The board of the JSON data `board.board` returns; `MalformedMessage` if it is not one."""
-        try:
-            return cls.model_validate(data)
-        except ValidationError as error:
-            raise MalformedMessage(f"The controller's board is malformed: {problems(error)}") from None
