@@ -104,7 +104,7 @@ def test_commands_go_through_the_database_and_refusals_keep_their_status(tmp_pat
         async def ask(kind, **args):
             asked = asyncio.create_task(split.front.command(kind, **args))
             await asyncio.sleep(0.05)
-            split.relay.carry_out_commands()
+            await split.relay.carry_out_commands()
             return await asked
 
         assert (await ask("evict", model="org/b"))["target"] == "COLD"
@@ -118,7 +118,7 @@ def test_commands_go_through_the_database_and_refusals_keep_their_status(tmp_pat
         job_id = await split.submit("org/a")
         await split.relay.intake()
         assert await split.front.cancel(world.store.get(job_id))
-        split.relay.carry_out_commands()
+        await split.relay.carry_out_commands()
         await world.settle()
         assert world.replica("org/a").cancelled == [job_id]  # it was running: its replica stops it
 
@@ -133,7 +133,7 @@ def test_what_the_database_holds_is_checked_before_the_controller_acts_on_it(tmp
         with database.write() as db:
             for args in ("[1, 2]", "{not json", json.dumps({"model": "org/a", "bogus": 1})):
                 db.execute(insert(commands).values(kind="evict", args=args, created_at=time.time()))
-        assert split.relay.carry_out_commands() == 3
+        assert await split.relay.carry_out_commands() == 3
         with database.read() as db:
             answers = [json.loads(row.result) for row in db.execute(commands.select())]
         assert all(answer["refused"][0] == 400 for answer in answers)
