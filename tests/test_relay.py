@@ -81,6 +81,7 @@ def test_a_job_stored_by_an_api_process_is_found_queued_and_run_by_the_controlle
         job_id = await split.submit("org/a")
         assert world.status(job_id) is Status.RECEIVED  # nothing acts until the relay looks
         assert await split.relay.intake() == 1 and await split.relay.intake() == 0
+        await world.settle()  # the rows are written off the loop
         replica = world.replica("org/a")
         assert replica.ran == [job_id] and world.status(job_id) is Status.DISPATCHED
         assert world.store.get(job_id).started_at is not None  # it may run from now on
