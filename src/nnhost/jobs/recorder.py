@@ -136,7 +136,8 @@ class Recorder:
 
     def add_log(self, job: Job, line: str) -> None:
         """Store one of ``job``'s LOG lines, then publish it, after every change queued before."""
-        self._queue(_Line(job, line))
+        # As the job is now: the update goes out later, when the view may have moved on.
+        self._queue(_Line(dataclasses.replace(job), line))
 
     def publish(
         self, job: Job, status: Status, description: str, inline: Optional[bytes] = None
