@@ -29,9 +29,10 @@ stored, and neither noted nor published: nobody is told what the database
 does not hold. It is tried again first when the failure may pass (the
 database was unreachable); never when the store refused it (a transition the
 row's lifecycle forbids, a job it does not hold). The view keeps the
-controller's decision; the next controller's recovery fails what the row
-left looking like it ran. A graceful stop waits for every queued write
-(`flush`). Off a loop (a thread of a test) a change is written at once.
+controller's decision (what it did, a dispatch say, happened), so the row
+lags it, and the job's later writes may be refused in turn, until the next
+controller recovers from the rows. A graceful stop waits for every queued
+write (`flush`). Off a loop (a thread of a test) a change is written at once.
 
 It must never decide a job's status (its callers do), call the store on the
 event loop, publish or note a change before the store holds it, nor frame
