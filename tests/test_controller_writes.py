@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 
 from test_controller_loop import Composed
 from test_service_inprocess import ADA, World, spec, updates
@@ -181,3 +182,69 @@ def test_a_graceful_stop_returns_only_once_its_writes_are_stored(tmp_path):
         assert world.store.get(job_id).status is Status.QUEUED
 
     asyncio.run(body())
+
+
+#: Every method of the job store (`jobs.store.JobStore`) the controller or the front may call.
+STORE_METHODS = ("get", "with_status", "for_user", "unfinished_count", "search", "expired_results",
+                 "logs", "create", "transition", "forget_result", "delete_logs",
+                 "delete_logs_before", "add_log")
+
+
+class Watched:
+    """A job store's methods, each noting whether it was called on the event loop's thread."""
+
+    def __init__(self, store, loop_thread: int) -> None:
+        self.called: set[str] = set()
+        self.on_loop: list[str] = []
+        for name in STORE_METHODS:
+            setattr(store, name, self._watch(name, getattr(store, name), loop_thread))
+
+    def _watch(self, name, method, loop_thread):
+        def watched(*args, **kwargs):
+            self.called.add(name)
+            if threading.get_ident() == loop_thread:
+                self.on_loop.append(name)
+            return method(*args, **kwargs)
+
+        return watched
+
+
+def test_no_job_store_call_of_the_controller_runs_on_its_loop(tmp_path):
+    """Recovery, dispatch, replica events, LOG lines, a result, a cancel, both sweeps and a
+    graceful stop, with every store call watched: none is made on the loop's thread."""
+
+    async def body():
+        world = World(tmp_path, [spec("org/a")], time_limit=5, kill_grace=1)
+        watched = Watched(world.store, threading.get_ident())
+        await world.jobs.recover()
+        await world.start()
+        session = await world.bus.open(ADA.user_id)
+        replica = world.replica("org/a")
+        done = await world.submit(ADA, "org/a", session.id)
+        cancelled = await world.submit(ADA, "org/a", session.id)  # waits behind it
+        replica.run()
+        replica.log("a line")
+        replica.complete(b"r" * 10)
+        await world.settle()
+        assert world.jobs.cancel(await run_blocking(world.store.get, cancelled))
+        stuck = await world.submit(ADA, "org/a", session.id)
+        replica.run()
+        await world.settle()
+        assert world.jobs.sweep_stuck(now=time.time() + 3600) == 1
+        await world.jobs.sweep_results(now=time.time() + 10 * world.settings.result_retention)
+        requeued = await world.submit(ADA, "org/a", session.id)
+        await world.jobs.drain(0.0)
+        await world.settle()
+        jobs = {"done": done, "cancelled": cancelled, "stuck": stuck, "requeued": requeued}
+        statuses = {name: (await run_blocking(world.store.get, job_id)).status
+                    for name, job_id in jobs.items()}
+        return watched, statuses
+
+    watched, statuses = asyncio.run(body())
+    assert watched.on_loop == [], f"job store calls made on the controller's loop: {watched.on_loop}"
+    # Not vacuous: the scenario made the controller's reads and writes of every kind.
+    assert {"with_status", "transition", "add_log", "expired_results", "delete_logs_before"} <= watched.called
+    assert statuses == {
+        "done": Status.COMPLETED, "cancelled": Status.ERROR, "stuck": Status.ERROR,
+        "requeued": Status.QUEUED,
+    }
