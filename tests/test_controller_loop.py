@@ -73,7 +73,7 @@ class Composed:
 def test_replica_reports_reach_the_job_service_through_the_loop_in_order(tmp_path):
     async def body():
         world = Composed(tmp_path, [spec("org/a")])
-        world.controller.start()
+        await world.controller.start()
         await world.settle()
         replica = world.fleet.latest("org/a")
         session = await world.bus.open(ADA.user_id)
@@ -100,7 +100,7 @@ def test_replica_reports_reach_the_job_service_through_the_loop_in_order(tmp_pat
 def test_a_graceful_stop_still_takes_in_the_report_of_a_job_finishing_meanwhile(tmp_path):
     async def body():
         world = Composed(tmp_path, [spec("org/a")])
-        world.controller.start()
+        await world.controller.start()
         await world.settle()
         replica = world.fleet.latest("org/a")
         job_id = await world.submit("org/a")
@@ -157,6 +157,9 @@ class Recording:
     async def drain(self, grace):
         self.calls.append("drain")
 
+    async def settled(self):
+        self.calls.append("settled")
+
     def stop(self):
         self.calls.append("stop replicas")
 
@@ -192,7 +195,7 @@ def test_a_tick_runs_reports_then_dispatch_then_scaling_then_the_sweeps_each_whe
         await controller.stop(0)
         inbox.changed("org/a")
         controller.tick(now=start + 100.0)
-        assert parts.calls == ["drain", "stop replicas", "change org/a"]
+        assert parts.calls == ["drain", "stop replicas", "settled", "change org/a"]
 
     asyncio.run(body())
 

@@ -59,13 +59,14 @@ def service(tmp_path, database_url):
 
 
 def running_job(service, job_id, *, deployment="org/model", status=Status.RUNNING, session=""):
+    """A job this controller dispatched: in its store, and held by its recorder."""
     service.store.create(
         Job(id=job_id, user_id=1, model_key="k", deployment=deployment, session_id=session)
     )
     path = [Status.QUEUED, Status.DISPATCHED, Status.RUNNING]
     for step in path[: path.index(status) + 1]:
         service.store.transition(job_id, step, step.value)
-    return service.store.get(job_id)
+    return service.recorder.take(service.store.get(job_id))
 
 
 def frames(service, session_id):
@@ -106,7 +107,7 @@ def test_a_bad_event_is_dropped_and_logged_never_raised(service, what, event, ca
     service.store.create(Job(id="queued0", user_id=1, model_key="k", deployment="org/model"))
     service.store.transition("queued0", Status.QUEUED, "waiting")
     running_job(service, "done0")
-    service.store.transition("done0", Status.COMPLETED, "done", result_size=1, result_expires_at=1e12)
+    service.recorder.record("done0", Status.COMPLETED, "done", result_size=1, result_expires_at=1e12)
     before = {job.id: (job.status, job.description) for job in service.store.search()}
 
     with caplog.at_level(logging.WARNING, logger="nnhost.jobs"):
@@ -188,8 +189,7 @@ def test_no_job_stays_dispatched_or_running_past_its_limit(service):
     now = time.time()
     late = now + 60 + 5 + STUCK_MARGIN + 1
     assert service.sweep_stuck(now=now) == 0  # within the limit: left alone
-    with service.store.database.write() as db:
-        db.execute(text("UPDATE jobs SET updated_at = :at WHERE id = 'fresh0'"), {"at": late - 1})
+    service.recorder.job("fresh0").updated_at = late - 1  # as if it had just reported
     assert service.sweep_stuck(now=late) == 2
     for job_id in ("hung0", "lost0"):
         job = service.store.get(job_id)

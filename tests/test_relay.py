@@ -83,6 +83,7 @@ def test_a_job_stored_by_an_api_process_is_found_queued_and_run_by_the_controlle
         job_id = await split.submit("org/a")
         assert world.status(job_id) is Status.RECEIVED  # nothing acts until the relay looks
         assert await split.relay.intake() == 1 and await split.relay.intake() == 0
+        await world.settle()  # the rows are written off the loop
         replica = world.replica("org/a")
         assert replica.ran == [job_id] and world.status(job_id) is Status.DISPATCHED
         assert world.store.get(job_id).started_at is not None  # it may run from now on
@@ -117,7 +118,7 @@ def test_commands_go_through_the_database_and_refusals_keep_their_status(tmp_pat
             sending = asyncio.create_task(sent(world.connection))
             await asyncio.wait([asked, sending], return_when=asyncio.FIRST_COMPLETED)
             sending.cancel()  # a command refused before it is sent has no row to wait for
-            split.relay.carry_out_commands()
+            await split.relay.carry_out_commands()
             return await asked
 
         assert (await ask("evict", model="org/b"))["target"] == "COLD"
@@ -131,7 +132,7 @@ def test_commands_go_through_the_database_and_refusals_keep_their_status(tmp_pat
         job_id = await split.submit("org/a")
         await split.relay.intake()
         assert await split.front.cancel(world.store.get(job_id))
-        split.relay.carry_out_commands()
+        await split.relay.carry_out_commands()
         await world.settle()
         assert world.replica("org/a").cancelled == [job_id]  # it was running: its replica stops it
 
@@ -146,7 +147,7 @@ def test_what_the_database_holds_is_checked_before_the_controller_acts_on_it(tmp
         with database.write() as db:
             for args in ("[1, 2]", "{not json", json.dumps({"model": "org/a", "bogus": 1})):
                 db.execute(insert(commands).values(kind="evict", args=args, created_at=time.time()))
-        assert split.relay.carry_out_commands() == 3
+        assert await split.relay.carry_out_commands() == 3
         with database.read() as db:
             answers = [json.loads(row.result) for row in db.execute(commands.select())]
         assert all(answer["refused"][0] == 400 for answer in answers)

@@ -264,6 +264,7 @@ def test_cancel_a_queued_and_a_running_job(tmp_path):
         replica.run()
         await world.settle()
         assert world.jobs.cancel(world.store.get(queued))
+        await world.settle()  # the row is written off the loop
         assert world.status(queued) is Status.ERROR
         assert "cancelled while it was queued" in world.store.get(queued).description
         assert world.jobs.cancel(world.store.get(running))
@@ -303,7 +304,7 @@ def test_after_a_restart_what_may_have_run_fails_and_the_rest_runs(tmp_path):
         world.connection.close()
 
         again = World(tmp_path, [spec("org/a")])
-        again.jobs.recover()
+        await again.jobs.recover()
         await again.start()
         assert again.status(started) is Status.ERROR
         assert "restarted while your request was running" in again.store.get(started).description

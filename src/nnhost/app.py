@@ -234,7 +234,7 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
         if role == "all":
             controller = build()
             acting(controller)
-            controller.start()
+            await controller.start()
         elif role == "controller":
             # Until it acts, a standby's /status shows the acting controller's board.
             lease = Lease(database)

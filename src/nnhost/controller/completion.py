@@ -1,10 +1,10 @@
 """Storing a finished job's result, then announcing it: the job service's COMPLETED path.
 
 Split from `service` so the lifecycle reads on its own. `Completion` is a
-collaborator the job service holds: it is given the settings, the job store,
-the result store, the `recorder.Recorder` and the service's ``finished``
-(which releases what the service keeps per job), and runs on the same event
-loop. The worker's file is committed to the result store before anything is
+collaborator the job service holds: it is given the settings, the result
+store, the `recorder.Recorder` (which writes the job, and whose view of it
+says whether it ended meanwhile) and the service's ``finished`` (which
+releases what the service keeps per job), and runs on the same event loop. The worker's file is committed to the result store before anything is
 announced, and the size checked is the one the store holds. Storing is one blocking step (`_store_result`) that the result store's
 loop side runs where its I/O belongs (`AsyncResultStore.run_then`): in place
 for a local directory (a rename, done as the event arrives), in a thread for
@@ -21,7 +21,6 @@ from typing import Any, Callable, Optional
 
 from ..config import Settings
 from ..jobs.job import Job, Status
-from ..jobs.store import JobStore
 from ..storage.results import AsyncResultStore, ResultStore
 from ..units import format_size
 from .recorder import Recorder
@@ -35,11 +34,9 @@ Finished = Callable[[str, str], None]
 
 class Completion:
     def __init__(
-        self, settings: Settings, store: JobStore, results: ResultStore,
-        recorder: Recorder, finished: Finished,
+        self, settings: Settings, results: ResultStore, recorder: Recorder, finished: Finished,
     ) -> None:
         self.settings = settings
-        self.store = store
         self.results = results
         self._recorder = recorder
         self._finished = finished
@@ -97,7 +94,7 @@ class Completion:
         outcome: Outcome,
     ) -> None:
         size, data, failed = outcome
-        job = self.store.get(job_id)
+        job = self._recorder.job(job_id)
         if job is None or job.status.final:
             # Cancelled or failed as stuck while its result was being stored: drop it.
             self._results_on_loop.run_then(partial(_drop_result, job_id=job_id), _nothing)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..jobs.messages import Cancel, Cancelled, Command, Deploy, Deployed, Evict, Evicted, Refused, Result
 from ..replicas.contract import Level
+from ..storage.blocking import run_blocking
 from .manager import COLD, HOT, WARM, CannotFit, Deployment
 from .service import JobService
 
@@ -63,8 +64,9 @@ def evict(service: JobService, model: str) -> Evicted:
     return Evicted(model=deployment.name, target=str(COLD))
 
 
-def cancel(service: JobService, job_id: str) -> Cancelled:
-    job = service.store.get(job_id)
+async def cancel(service: JobService, job_id: str) -> Cancelled:
+    # The controller's own view first (newer than the row); else the row, off the loop.
+    job = service.recorder.job(job_id) or await run_blocking(service.store.get, job_id)
     if job is None:
         raise Refused(404, f"No job {job_id}.")
     if not service.cancel(job):
@@ -72,12 +74,12 @@ def cancel(service: JobService, job_id: str) -> Cancelled:
     return Cancelled(id=job_id, cancelled=True)
 
 
-def carry_out(service: JobService, command: Command) -> Result:
+async def carry_out(service: JobService, command: Command) -> Result:
     """Run one command; `Refused` for a refusal."""
     if isinstance(command, Deploy):
         return deploy(service, command.model, command.level)
     if isinstance(command, Evict):
         return evict(service, command.model)
     if isinstance(command, Cancel):
-        return cancel(service, command.job_id)
+        return await cancel(service, command.job_id)
     raise Refused(400, f"Unknown command {command!r}.")  # a new kind, not yet carried out

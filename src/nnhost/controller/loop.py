@@ -119,13 +119,13 @@ class Controller:
             per_minute=recent.per_minute() if recent is not None else None,
         )
 
-    def start(self, database: Optional[Database] = None) -> list[str]:
+    async def start(self, database: Optional[Database] = None) -> list[str]:
         """Recover the jobs a previous controller left, bring the deployments up, and start
         the control loop; with ``database`` (separate processes) it relays through it too.
 
         Returns the ids of the jobs recovery put back in the queue.
         """
-        requeued = self.service.recover()
+        requeued = await self.service.recover()
         self.deployments.start()
         if database is not None:
             self.relay = Relay(self.service, database, self.board, taken=set(requeued),
@@ -152,6 +152,8 @@ class Controller:
         if self.service.on_demand is not None:
             self.service.on_demand.close()
         await run_blocking(self.deployments.stop)
+        # What the reports taken in meanwhile changed is stored before this returns.
+        await self.service.settled()
         if self._loop is not None:
             self._loop.cancel()
 
@@ -265,7 +267,7 @@ class Controller:
     @staticmethod
     async def _take_in(relay: Relay) -> None:
         await relay.intake()
-        relay.carry_out_commands()
+        await relay.carry_out_commands()
 
     async def _wakes(self, wake: Session) -> None:
         while True:
@@ -358,7 +360,7 @@ async def run_controller(
     # before a standby can have taken over (machines' clocks must agree within a second).
     controller.service.may_act = lambda: time.monotonic() - renewed < lease.ttl - RENEW_EVERY
     on_acting(controller)
-    controller.start(database)
+    await controller.start(database)
     try:
         while True:
             await asyncio.sleep(RENEW_EVERY)

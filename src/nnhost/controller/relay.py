@@ -30,6 +30,7 @@ import time
 from typing import Callable, Optional
 
 from sqlalchemy import delete, insert, select, update
+from sqlalchemy.engine import RowMapping
 
 from ..db import Database
 from ..db.tables import commands, shared_values
@@ -79,7 +80,7 @@ class InProcessLink:
     async def command(self, command: Command) -> Result:
         from .controls import carry_out
 
-        return carry_out(self.service, command)
+        return await carry_out(self.service, command)
 
     def board(self) -> Board:
         return self._board()
@@ -106,15 +107,16 @@ class Relay:
         """
         if not self.service.may_act():
             return 0
-        received = self.service.store.with_status((Status.RECEIVED,))
+        received = await run_blocking(self.service.store.with_status, (Status.RECEIVED,))
         self._taken &= {job.id for job in received}
         taken = 0
         for job in received:
-            if job.id in self._taken:
+            # A job this controller holds is newer than its row (cancelled, say).
+            if job.id in self._taken or self.service.recorder.job(job.id) is not None:
                 continue
             self._taken.add(job.id)
             if job.deployment not in self.service.deployments.deployments:
-                self.service.reject(job.id, (
+                self.service.reject(job, (
                     f"This server's controller does not serve {job.deployment}; its API "
                     "and controller processes have different catalogs. Tell the operator."
                 ))
@@ -127,19 +129,16 @@ class Relay:
             taken += 1
         return taken
 
-    def carry_out_commands(self) -> int:
+    async def carry_out_commands(self) -> int:
         from .controls import carry_out
 
         if not self.service.may_act():
             return 0
-        query = select(commands).where(commands.c.done_at.is_(None)).order_by(commands.c.id)
-        with self.database.read() as db:
-            pending = list(db.execute(query).mappings())
-        for row in pending:
+        for row in (pending := await run_blocking(self._pending)):
             answer: Done | Refusal
             try:
                 command = parse_command(row["kind"], row["args"])
-                answer = Done(ok=carry_out(self.service, command).model_dump())
+                answer = Done(ok=(await carry_out(self.service, command)).model_dump())
             except Refused as refusal:
                 answer = Refusal(refused=(refusal.code, refusal.detail))
             except MalformedMessage as error:
@@ -147,10 +146,20 @@ class Relay:
             except Exception as error:
                 log.exception("command %s (%s) failed", row["id"], row["kind"])
                 answer = Refusal(refused=(500, f"The controller failed to carry it out: {error}."))
-            with self.database.write() as db:
-                db.execute(update(commands).where(commands.c.id == row["id"])
-                           .values(done_at=time.time(), result=answer_text(answer)))
+            await run_blocking(self._answer, row["id"], answer_text(answer))
         return len(pending)
+
+    def _pending(self) -> list[RowMapping]:
+        """Blocking: the commands not yet carried out, oldest first."""
+        query = select(commands).where(commands.c.done_at.is_(None)).order_by(commands.c.id)
+        with self.database.read() as db:
+            return list(db.execute(query).mappings())
+
+    def _answer(self, command_id: int, answer: str) -> None:
+        """Blocking: the command is done, and this is its answer."""
+        with self.database.write() as db:
+            db.execute(update(commands).where(commands.c.id == command_id)
+                       .values(done_at=time.time(), result=answer))
 
     def publish(self, board: Board) -> None:
         """Publish ``board`` (`board.board`) for the API processes to read."""

@@ -9,9 +9,11 @@ COMPLETED result is committed to the result store first (`Completion`), and
 announced with the size the store holds. A job no replica finishes in time is
 failed by `Upkeep.sweep_stuck`. Both are collaborators it builds and holds,
 given exactly what they use, and every status is written through one
-`recorder.Recorder`. It runs on the controller's event loop only (replica
-events reach it through the controller's loop, `inbox.Inbox`), so it needs
-no locks. It knows nothing of HTTP: what it publishes are `update.JobUpdate`
+`recorder.Recorder`, whose view of the jobs it has taken on is what the
+service reads: the job store blocks, so no method here calls it (the
+recorder writes it in a worker thread, in order). It runs on the
+controller's event loop only (replica events reach it through the
+controller's loop, `inbox.Inbox`), so it needs no locks. It knows nothing of HTTP: what it publishes are `update.JobUpdate`
 facts, which the API process holding the websocket frames for the client.
 """
 
@@ -69,7 +71,7 @@ class JobService:
         #: Writes every change, notes it to the observers (metrics; never LOG lines), publishes it.
         self.recorder = Recorder(store, bus, observers)
         #: Commits a COMPLETED job's result to the result store before it is announced.
-        self.completion = Completion(settings, store, results, self.recorder, self._finished)
+        self.completion = Completion(settings, results, self.recorder, self._finished)
         #: Payload deletions in flight, off the loop (`_drop_payload`).
         self._dropping: set[asyncio.Task[None]] = set()
         #: Recovery after a restart, the graceful drain, and the periodic sweeps.
@@ -96,8 +98,11 @@ class JobService:
 
     def accept(self, job: Job) -> None:
         """Queue a job the front has stored (RECEIVED, its payload written) and dispatch."""
+        job = self.recorder.take(job)
+        if job.status.final:
+            return  # cancelled before it was queued
         if job.deployment not in self.deployments.deployments and not self.take_on_demand(job):
-            self.reject(job.id, f"This server does not serve {job.deployment} (any longer).")
+            self.reject(job, f"This server does not serve {job.deployment} (any longer).")
             return
         self.scheduler.enqueue(job.deployment, job.user_id, job.id, priority=job.priority)
         self._announce_positions(job.deployment, only=job.id)
@@ -108,10 +113,11 @@ class JobService:
         (in the cache, or now being fetched)."""
         return self.on_demand is not None and self.on_demand.take(job.model_key) == job.deployment
 
-    def reject(self, job_id: str, reason: str) -> None:
+    def reject(self, job: Job, reason: str) -> None:
         """End a stored job that cannot be queued, with ``reason`` as its ERROR."""
-        self._record(job_id, Status.ERROR, reason)
-        self._drop_payload(job_id)
+        self.recorder.take(job)
+        self._record(job.id, Status.ERROR, reason)
+        self._drop_payload(job.id)
 
     # -- dispatching -----------------------------------------------------------
 
@@ -148,7 +154,7 @@ class JobService:
             if job_id is None:
                 break
             self._announced.pop(job_id, None)
-            job = self.store.get(job_id)
+            job = self.recorder.job(job_id)
             if job is None or job.status.final:
                 continue
             try:
@@ -211,7 +217,7 @@ class JobService:
     def _fail_waiting(self, name: str, reason: str) -> None:
         while (job_id := self.scheduler.next(name)) is not None:
             self.scheduler.finished(name, job_id, ran=False)
-            job = self.store.get(job_id)
+            job = self.recorder.job(job_id)
             if job is not None and not job.status.final:
                 self._record(job_id, Status.ERROR, reason)
                 self._drop_payload(job_id)
@@ -258,7 +264,7 @@ class JobService:
             if self._announced.get(job_id) == key:
                 continue
             self._announced[job_id] = key
-            job = self.store.get(job_id)
+            job = self.recorder.job(job_id)
             if job is not None and not job.status.final:
                 self._record(job_id, status, description)
 
@@ -276,8 +282,10 @@ class JobService:
         if job_id is not None and job_id in self.upkeep.requeued:
             return  # stopped by a graceful shutdown and already back in the queue
         if job_id is not None and event.status == Status.LOG.value and self.log_budget.spent(job_id):
-            return  # past its budget: dropped before it costs a database read
-        job = self.store.get(job_id) if job_id is not None else None
+            return  # past its budget: dropped before it costs a look
+        # The job as this controller last recorded it, whether or not the write has landed
+        # (an event of a job it does not hold, or no longer, is not known).
+        job = self.recorder.job(job_id) if job_id is not None else None
         problem = check_event(event, job, name)
         if problem is not None:
             log.warning("dropped an event from a replica of %s: %s", name, problem)
@@ -287,8 +295,7 @@ class JobService:
         description = clean_text(event.description)
         if status is Status.LOG:
             for line in self.log_budget.admit(job.id, description):
-                self.store.add_log(job.id, line)
-                self.recorder.publish(job, Status.LOG, line)
+                self.recorder.add_log(job, line)
             return
         if status is Status.COMPLETED:
             self.completion.complete(name, job, description, event.meta)
@@ -315,8 +322,10 @@ class JobService:
 
     def cancel(self, job: Job) -> bool:
         """Cancel a waiting or running job; False if it had already ended."""
+        job = self.recorder.job(job.id) or job  # what the caller read may be behind
         if job.status.final:
             return False
+        job = self.recorder.take(job)
         if self.scheduler.remove(job.deployment, job.id) or job.status in (
             Status.RECEIVED, Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING
         ):
@@ -332,10 +341,10 @@ class JobService:
 
     # -- upkeep (`upkeep.Upkeep`) ---------------------------------------------------
 
-    def recover(self) -> list[str]:
+    async def recover(self) -> list[str]:
         """After a restart or a takeover: requeue what had not started, fail what may have run;
         the ids of the jobs put back in the queue."""
-        return self.upkeep.recover()
+        return await self.upkeep.recover()
 
     async def drain(self, grace: float) -> None:
         """Graceful shutdown: stop dispatching, let running jobs finish, requeue the rest."""
@@ -351,8 +360,10 @@ class JobService:
         return self.upkeep.sweep_stuck(now)
 
     async def settled(self) -> None:
-        """Wait until no result is being stored nor payload deleted (before a shutdown requeues jobs; in tests)."""
+        """Wait until no result is being stored, no change is left to write, nor payload
+        deleted (before a shutdown requeues jobs; in tests)."""
         await self.completion.settled()
+        await self.recorder.flush()
         while self._dropping:
             await asyncio.gather(*list(self._dropping), return_exceptions=True)
 

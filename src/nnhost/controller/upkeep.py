@@ -6,7 +6,11 @@ scheduler, the deployments, the `recorder.Recorder`, the service's
 ``finished`` and ``take_on_demand``, and the `completion.Completion` (a
 shutdown waits for results being stored; the sweep spares a job whose result
 is), and runs on the same event loop. It must never run a job twice: a job that may already have run is failed, not requeued,
-unless the server itself stopped it before it could finish.
+unless the server itself stopped it before it could finish. Nor may it call a
+store on the loop: recovery and the results sweep read and delete through
+`run_blocking`, and the stuck sweep and the drain look at the recorder's view
+of the live jobs (every job handed to a replica is one this controller took
+on, and the view holds its latest status before the write lands).
 """
 
 from __future__ import annotations
@@ -70,20 +74,21 @@ class Upkeep:
         #: When `sweep_results` last looked for stored results the database forgot.
         self._orphans_swept = 0.0
 
-    def recover(self) -> list[str]:
+    async def recover(self) -> list[str]:
         """After a restart or a takeover: requeue what had not started, fail what may have run.
 
-        Returns the ids of the jobs put back in the queue.
+        Returns the ids of the jobs put back in the queue. From here on this
+        controller writes every job it found (`Recorder.take`).
         """
-        requeued = []
-        waiting = (Status.RECEIVED, Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING)
-        for job in self.store.with_status(waiting + (Status.DISPATCHED, Status.RUNNING)):
+        requeued, lost = [], []
+        for found, has_payload in await run_blocking(self._left_behind):
+            job = self._recorder.take(found)
             name = job.deployment
             if job.status is Status.RUNNING or job.started_at is not None:
                 reason = "The server restarted while your request was running."
             elif name not in self.deployments.deployments and not self._take_on_demand(job):
                 reason = f"The server restarted and no longer serves {name}."
-            elif not self.payloads.exists(job.id):
+            elif not has_payload:
                 reason = "The server restarted and your request's payload was lost."
             else:
                 if job.status is Status.DISPATCHED:
@@ -93,8 +98,25 @@ class Upkeep:
                 continue
             # Never run twice what may already have run: the user decides.
             self._recorder.record(job.id, Status.ERROR, f"{reason} Please resubmit it.")
-            self.payloads.delete(job.id)
+            lost.append(job.id)
+        if lost:
+            await run_blocking(self._delete_payloads, lost)
         return requeued
+
+    def _left_behind(self) -> list[tuple[Job, bool]]:
+        """Blocking: the jobs a previous controller left unfinished, each with whether its
+        payload is still there (asked only of a job that has not started)."""
+        waiting = (Status.RECEIVED, Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING)
+        return [
+            (job, job.status is not Status.RUNNING and job.started_at is None
+             and self.payloads.exists(job.id))
+            for job in self.store.with_status(waiting + (Status.DISPATCHED, Status.RUNNING))
+        ]
+
+    def _delete_payloads(self, job_ids: list[str]) -> None:
+        """Blocking: the payloads of jobs recovery failed."""
+        for job_id in job_ids:
+            self.payloads.delete(job_id)
 
     async def drain(self, grace: float) -> None:
         """Graceful shutdown: let running jobs finish, requeue the rest (the job service
@@ -109,22 +131,24 @@ class Upkeep:
         # a moment to be recorded (else it is requeued and, after the restart, runs
         # twice: seen under load in tests/test_roles.py).
         settle_until = min(deadline, time.monotonic() + REPORTS_SETTLE)
-        while time.monotonic() < settle_until and self.store.with_status((Status.DISPATCHED, Status.RUNNING)):
+        while time.monotonic() < settle_until and self._recorder.live((Status.DISPATCHED, Status.RUNNING)):
             await asyncio.sleep(0.05)
         # A job whose result is being uploaded has finished: let it be recorded.
         await self._completion.settled()
-        for job in self.store.with_status((Status.DISPATCHED, Status.RUNNING)):
+        for job in self._recorder.live((Status.DISPATCHED, Status.RUNNING)):
             # Stopped before it could finish: it never completed, so it runs again
             # after the restart (back in the queue, it loses its started stamp).
             self.requeued.add(job.id)
             self._recorder.record(
                 job.id, Status.QUEUED, "The server is restarting; your request will run again."
             )
+        # Stored before the process goes: the next controller recovers from the rows.
+        await self._recorder.flush()
 
     async def sweep_results(self, now: Optional[float] = None) -> int:
         """Delete results and LOG lines past their retention; returns how many results."""
         now = now or time.time()
-        expired = [job.id for job in self.store.expired_results(now)]
+        expired = [job.id for job in await run_blocking(self.store.expired_results, now)]
         # No line is written (nor result stored) later than the time limit and grace
         # after its job was dispatched (sweep_stuck sees to that), so anything older
         # than that plus the retention belongs to jobs that ended a retention ago.
@@ -136,12 +160,20 @@ class Upkeep:
         if orphans:
             self._orphans_swept = now
         deleted = await run_blocking(self._delete_results, expired, stale if orphans else None)
+        await run_blocking(self._forget, deleted, stale)
+        return len(deleted)
+
+    def _forget(self, deleted: list[str], stale: float) -> None:
+        """Blocking: the rows' side of deleted results, and LOG lines past their time.
+
+        Beside the recorder's writer, not through it: these jobs have ended, so
+        no change of theirs is queued for it to keep in order with.
+        """
         for job_id in deleted:
             self.store.forget_result(job_id)
             self.store.delete_logs(job_id)  # a job's LOG lines go with its result
         # A job that ended without a result keeps its lines as long as a result would stay.
         self.store.delete_logs_before(stale)
-        return len(deleted)
 
     def _delete_results(self, job_ids: list[str], stale: Optional[float]) -> list[str]:
         """Blocking: delete these results (those that failed stay for the next sweep), then orphans."""
@@ -167,11 +199,13 @@ class Upkeep:
         A worker that died without a word, hung, or lies about its job must
         not leave the job DISPATCHED or RUNNING for ever: past its limit it is
         failed with an ERROR that says so, and its replica is told to stop it.
+        Every job a replica holds was handed to it by this controller, so the
+        recorder's view has them all, as last recorded (no database read).
         """
         now = time.time() if now is None else now
         allowed = self.settings.time_limit + self.settings.kill_grace + STUCK_MARGIN
         failed = 0
-        for job in self.store.with_status(LIVE_STATUSES):
+        for job in self._recorder.live(LIVE_STATUSES):
             if job.id in self.requeued or now - job.updated_at <= allowed:
                 continue
             if self._completion.storing(job.id):

@@ -7,11 +7,12 @@ always a possible one; a transition reads and writes its row in one
 transaction, locking the row where the database can (PostgreSQL), so two
 processes cannot both move one job.
 
-Every method blocks on the database. The API calls the store through
-`storage.blocking.run_blocking` (`front.jobs.JobFront`), so a slow database
-holds a worker thread rather than the event loop; the controller's own loop
-(`controller.service`) still calls it directly. It knows nothing about HTTP, nor
-which database it is talking to.
+Every method blocks on the database, so no event loop calls one itself: the
+API goes through `storage.blocking.run_blocking` (`front.jobs.JobFront`), and
+the controller writes through its `controller.recorder.Recorder`, whose one writer calls
+the store in a worker thread, and reads through `run_blocking` too. A slow
+database holds a worker thread rather than the event loop. It knows nothing
+about HTTP, nor which database it is talking to.
 """
 
 from __future__ import annotations
@@ -180,17 +181,8 @@ class JobStore:
             if row is None:
                 raise KeyError(job_id)
             job = _job(row)
-            check_transition(job.status, status)
-            job.status, job.description, job.updated_at = status, description, time.time()
-            if meta is not None:
-                job.meta = meta
-            if result_size is not None:
-                job.result_size = result_size
-                job.result_expires_at = result_expires_at
-            if started:
-                job.started_at = job.updated_at
-            elif status is Status.QUEUED:
-                job.started_at = None
+            change(job, status, description, meta=meta, result_size=result_size,
+                   result_expires_at=result_expires_at, started=started)
             db.execute(
                 _TRANSITION,
                 {
@@ -222,6 +214,35 @@ class JobStore:
     def add_log(self, job_id: str, line: str) -> None:
         with self._lock, self.database.write() as db:
             db.execute(_ADD_LOG, {"job_id": job_id, "at": time.time(), "line": line})
+
+
+def change(
+    job: Job,
+    status: Status,
+    description: str,
+    *,
+    meta: Optional[dict[str, Any]] = None,
+    result_size: Optional[int] = None,
+    result_expires_at: Optional[float] = None,
+    started: bool = False,
+) -> None:
+    """Apply a transition to ``job`` in place (`InvalidTransition` if the lifecycle forbids it).
+
+    The one statement of what a transition changes: the store applies it to the
+    row it locked, the controller's `recorder.Recorder` to the job it holds, so
+    the two cannot disagree on anything but the moment (``updated_at``).
+    """
+    check_transition(job.status, status)
+    job.status, job.description, job.updated_at = status, description, time.time()
+    if meta is not None:
+        job.meta = meta
+    if result_size is not None:
+        job.result_size = result_size
+        job.result_expires_at = result_expires_at
+    if started:
+        job.started_at = job.updated_at
+    elif status is Status.QUEUED:
+        job.started_at = None
 
 
 def _job(row: RowMapping) -> Job:
