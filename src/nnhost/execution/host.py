@@ -251,6 +251,14 @@ def _preload(policy: WorkerPolicy) -> None:
             __import__(name)
         except Exception:
             pass
+    import gc
+
+    # What was imported lives as long as the process: collected and frozen here,
+    # where a spare host waits, the collection before the first fork walks only
+    # what the model added (a full one took 0.8 s in the host and 1.5 s in the
+    # template, on the request's path, on a loaded 2-core machine).
+    gc.collect()
+    gc.freeze()
 
 
 def _export(model: Any) -> ExportedWeights:
