@@ -29,7 +29,7 @@ Then, for each contained design and the first model, **levels**: the client's
 time to result of the small trace with the model HOT, WARM (loaded in host
 memory) and COLD (deployed by the request), ``--levels`` rounds, beside the
 plain load time of the same model in this process (``LanguageModel(...,
-dispatch=True)``). Goal: COLD at most 1 s above the plain load.
+dispatch=True)``). Goal: COLD at most 0.5 s above the plain load.
 """
 
 from __future__ import annotations

@@ -32,6 +32,8 @@ class FakeReplica:
         self.cancelled: list[str] = []
         self.placed: list[str] = []
         self.stopped = False
+        #: What each start() was told: whether jobs waited for it.
+        self.started_with_jobs_waiting: list[bool] = []
         #: Whether start() loads at once (else the test calls ready()).
         self.instant = True
         #: Set: start() ends UNHEALTHY with this description (a model that cannot serve).
@@ -39,7 +41,8 @@ class FakeReplica:
 
     # -- the Replica contract --------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, jobs_waiting: bool = False) -> None:
+        self.started_with_jobs_waiting.append(jobs_waiting)
         self._set(ReplicaStatus.DEPLOYING, "Loading.")
         if self.broken is not None:
             self._set(ReplicaStatus.UNHEALTHY, self.broken)

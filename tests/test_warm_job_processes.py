@@ -93,3 +93,79 @@ def test_the_job_service_says_when_more_jobs_wait(tmp_path):
         assert told == [True, False]
 
     asyncio.run(body())
+
+
+class _Host:
+    """A host process's stand-in: the replica sees it alive until it is told to stop."""
+
+    pid = 0
+    returncode = None
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        self.returncode = 0
+        return 0
+
+    def kill(self) -> None:
+        self.returncode = -9
+
+
+def _first_fork(monkeypatch, jobs_waiting: bool) -> Fork:
+    """The first Fork a replica asks of its host, once the host says RUNNING."""
+    from nnhost.execution.channel import pair
+    from nnhost.execution.messages import TO_HOST, Options, State
+    from nnhost.execution.worker import WorkerOptions
+    from nnhost.replicas import replica as replica_module
+
+    ours, theirs = pair()
+    host_side = Channel(theirs)
+
+    class Spares:
+        def take(self, env, environ):
+            return _Host(), Channel(ours)
+
+        def keep(self, env, environ, count) -> None:
+            pass
+
+    monkeypatch.setattr(replica_module, "SPARES", Spares())
+    replica = replica_module.LocalReplica(
+        "org/a", WorkerOptions(model_key="org/a"), on_job_event=lambda event: None,
+        on_state=lambda state: None, on_idle=lambda: None,
+    )
+    replica.start(jobs_waiting=jobs_waiting)
+    try:
+        message, _ = TO_HOST.receive(host_side)
+        assert isinstance(message, Options)
+        host_side.send(State(state="RUNNING", description="Loaded."))
+        message, _ = TO_HOST.receive(host_side)
+        assert isinstance(message, Fork), message
+        return message
+    finally:
+        replica.stop()
+        host_side.close()
+
+
+def test_a_cold_start_for_waiting_jobs_forks_its_first_job_process_without_a_warm_up(monkeypatch):
+    assert _first_fork(monkeypatch, jobs_waiting=True).warm is False
+
+
+def test_a_start_with_no_job_waiting_warms_up_its_first_job_process(monkeypatch):
+    assert _first_fork(monkeypatch, jobs_waiting=False).warm is True
+
+
+def test_the_manager_says_when_jobs_wait_for_a_start(tmp_path):
+    """A COLD model started for a queued job is told so; one the catalog starts is not."""
+    import asyncio
+
+    from test_service_inprocess import ADA, World, spec
+
+    async def body():
+        world = await World(tmp_path, [spec("org/a"), spec("org/b", deploy="cold")]).start()
+        assert world.replica("org/a").started_with_jobs_waiting == [False]
+        await world.submit(ADA, "org/b")
+        await world.settle()
+        assert world.replica("org/b").started_with_jobs_waiting == [True]
+
+    asyncio.run(body())

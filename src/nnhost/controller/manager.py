@@ -328,8 +328,9 @@ class DeploymentManager:
             deployment.replicas = [
                 self._replica(deployment, i, level) for i in range(deployment.spec.replicas)
             ]
+            waiting = self._has_work(name)
             for replica in deployment.replicas:
-                replica.start()
+                replica.start(jobs_waiting=waiting)
         else:
             deployment.target = level
             device = self._device_for(deployment.spec, level)

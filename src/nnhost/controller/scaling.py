@@ -74,7 +74,7 @@ class Scaling:
             return None  # no room for one more beside what is placed
         replica = self._make_replica(deployment, len(deployment.replicas), deployment.target)
         deployment.replicas.append(replica)
-        replica.start()
+        replica.start(jobs_waiting=True)
         return replica.name
 
     def shrink(self, now: Optional[float] = None) -> list[str]:

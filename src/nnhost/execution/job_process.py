@@ -69,7 +69,8 @@ def live(
     ``warm``: run a request of our own before saying ready, so that the job
     finds its pages copied and torch's threads started. It costs a whole
     request's CPU, which only pays while nobody waits: the replica asks for
-    none when jobs come back to back (`replicas.slots`).
+    none when jobs come back to back (`replicas.slots`), nor for the first
+    process of a cold start a job waits for (`replicas.replica`).
 
     ``weights``: in the mapped design, the handles of the host's weights, bound
     into this process's module tree while it takes its layers (`mapped_weights`).

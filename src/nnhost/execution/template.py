@@ -80,14 +80,12 @@ def main() -> None:
         state("UNHEALTHY", "The template process could not build the model's tree:\n" + traceback.format_exc())
         sys.exit(3)
     state("READY", "Module tree built.", containment=report.to_dict())
-    _, fds = setup_message(channel, Weights, gone=0)
-    if len(fds) < 3:
-        close_all(fds)
-        sys.exit(2)
     # A request of our own, so that what can be done once (nnsight compiling
     # the trace, torch's first use of each operation, the unpickler and the
     # serializer) is done here and inherited by every job's process. It runs
-    # on stand-ins that hold no weights (zeros of stride 0), on the CPU.
+    # on stand-ins that hold no weights (zeros of stride 0), on the CPU, so it
+    # needs no weights: it runs while the host still loads and exports them
+    # (they wait in the channel), not after.
     from .mapped_weights import stand_ins
     from .worker import warm_up
 
@@ -95,6 +93,10 @@ def main() -> None:
         problem = warm_up(model, runner)
     if problem:
         print(f"nnhost template {os.getpid()}: no warm-up ({problem[-300:]})", file=sys.stderr, flush=True)
+    _, fds = setup_message(channel, Weights, gone=0)
+    if len(fds) < 3:
+        close_all(fds)
+        sys.exit(2)
     import gc
 
     gc.collect()

@@ -59,7 +59,13 @@ class Replica(Protocol):
     #: The name ``/status`` lists it under (the model's, with ``#n`` when there are several).
     name: str
 
-    def start(self) -> None: ...
+    def start(self, jobs_waiting: bool = False) -> None:
+        """Load the model and get ready for jobs.
+
+        ``jobs_waiting``: jobs already wait for it (a cold start by a request):
+        its first job process then goes without a warm-up, which that job
+        would otherwise wait for.
+        """
 
     def submit(self, spec: JobSpec, more_waiting: bool = False) -> None:
         """Run one job; raises RuntimeError when it cannot take it now.

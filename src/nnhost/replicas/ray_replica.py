@@ -195,7 +195,9 @@ class RayReplica:
     def health(self) -> ReplicaState:
         return self._state
 
-    def start(self) -> None:
+    def start(self, jobs_waiting: bool = False) -> None:
+        # ``jobs_waiting`` is not passed on: the node's replica warms up its first
+        # job process all the same (a node's start takes far longer than that).
         with self._lock:
             self._stopping = False
             self._generation += 1

@@ -96,6 +96,8 @@ class LocalReplica:
         self._stopping = False
         self._generation = 0
         self._restart_at: Optional[float] = None
+        #: Whether the next host's first job process warms up (no job waits for it).
+        self._first_warm = True
         self._groups: Optional[JobGroups] = None
         self._watchdog: Optional[threading.Thread] = None
         self.jobs = JobProcesses(name, self.policy, self._lock, self, on_job_event=on_job_event,
@@ -128,9 +130,10 @@ class LocalReplica:
             if self._control is not None and self._state.state is ReplicaStatus.RUNNING:
                 self.send_control(Place(device=device))
 
-    def start(self) -> None:
+    def start(self, jobs_waiting: bool = False) -> None:
         with self._lock:
             self._stopping = False
+            self._first_warm = not jobs_waiting
             # A process per job (fork or mapped design): each gets a memory group.
             if self._groups is None and self.policy.design(self.options.home_device) is not Design.IN_PROCESS:
                 self._groups = JobGroups(self.name)
@@ -262,7 +265,9 @@ class LocalReplica:
                 if status is ReplicaStatus.RUNNING and not asked_first:
                     asked_first = True
                     with self._lock:
-                        self.jobs.request_fork()
+                        # A restarted host's first one warms up: nothing says a job waits then.
+                        warm, self._first_warm = self._first_warm, True
+                        self.jobs.request_fork(warm=warm)
             elif isinstance(message, SlotMessage) and fds:
                 self.jobs.add(message, fds, generation)
             elif isinstance(message, Exit):
