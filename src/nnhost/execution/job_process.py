@@ -109,6 +109,9 @@ def live(
         # (in the mapped design that includes the tree's weights, bound here).
         gc.collect()
         gc.freeze()
+        from .memory_meter import prepare
+
+        prepare()  # its thread started now, not on the job's path
         channel.send(Ready(containment=report.to_dict()))
         job, fds = TO_JOB.receive(channel)
         if job is None:

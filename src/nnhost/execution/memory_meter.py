@@ -4,6 +4,14 @@
 into the final event's ``meta``. It only measures: it must never limit, free or
 touch the job's memory (the limits are `containment`'s and `cgroups`'), and it
 must never block the job (the sampling thread is a daemon that only reads).
+
+On the CPU a thread samples the resident set size while the job runs. A job's
+process (`job_process`) starts that thread before it says it is ready
+(`prepare`): starting a thread waits until the new one runs, which on a busy
+machine took milliseconds of every request's path. Elsewhere (a warm-up, one
+process for every job) a meter starts a thread of its own, as it always did.
+The kernel's own peak (``VmHWM``) cannot stand in: it cannot be reset from
+inside a contained process, so it would include whatever came before the job.
 """
 
 from __future__ import annotations
@@ -23,6 +31,60 @@ def _rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+#: How often the resident set size is read while a job runs (seconds).
+INTERVAL = 0.005
+
+
+class Sampler:
+    """One thread that reads the resident set size while it is running, and sleeps otherwise."""
+
+    def __init__(self, interval: float = INTERVAL) -> None:
+        self.pid = os.getpid()  # a thread does not survive a fork: a child needs its own
+        self._interval = interval
+        self._running = threading.Event()
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._peak = 0
+        self._thread = threading.Thread(target=self._sample, daemon=True, name="nnhost-memory-meter")
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stopped.is_set():
+            self._running.wait()
+            rss = _rss_bytes()
+            with self._lock:
+                if self._running.is_set():
+                    self._peak = max(self._peak, rss)
+            self._stopped.wait(self._interval)
+
+    def begin(self, baseline: int) -> None:
+        with self._lock:
+            self._peak = baseline
+        self._running.set()
+
+    def end(self, last: int) -> int:
+        """Stop sampling; the peak seen since `begin`, ``last`` included."""
+        self._running.clear()
+        with self._lock:
+            return max(self._peak, last)
+
+    def close(self) -> None:
+        """Stop the thread (a meter that started its own does, when it is done)."""
+        self._stopped.set()
+        self._running.set()  # wake it, so that it sees it is stopped
+        self._thread.join()
+
+
+_prepared: Optional[Sampler] = None
+
+
+def prepare() -> None:
+    """Start this process's sampling thread now, before a job waits for it (a job's process)."""
+    global _prepared
+    if _prepared is None or _prepared.pid != os.getpid():
+        _prepared = Sampler()
+
+
 class MemoryMeter:
     """Peak memory a job adds on top of what was resident before it started.
 
@@ -30,10 +92,10 @@ class MemoryMeter:
     reads the resident set size, which is what the machine actually pays.
     """
 
-    def __init__(self, interval: float = 0.005) -> None:
+    def __init__(self, interval: float = INTERVAL) -> None:
         self._interval = interval
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._sampler: Optional[Sampler] = None
+        self._own = False
         self.baseline = 0
         self.peak = 0
         self.cuda_baseline = 0
@@ -51,19 +113,21 @@ class MemoryMeter:
             torch.cuda.reset_peak_memory_stats()
             self.cuda_baseline = torch.cuda.memory_allocated()
         self.baseline = self.peak = _rss_bytes()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
+        prepared = _prepared
+        if prepared is not None and prepared.pid == os.getpid():
+            self._sampler, self._own = prepared, False
+        else:
+            self._sampler, self._own = Sampler(self._interval), True
+        self._sampler.begin(self.baseline)
         return self
 
-    def _sample(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.peak = max(self.peak, _rss_bytes())
-
     def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.peak = max(self.peak, _rss_bytes())
+        if self._sampler is None:
+            return
+        self.peak = self._sampler.end(_rss_bytes())
+        if self._own:
+            self._sampler.close()
+        self._sampler = None
 
     def report(self) -> dict[str, int]:
         meta = {"peak_memory_bytes": max(0, self.peak - self.baseline)}
