@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import pytest
@@ -259,5 +260,40 @@ def test_a_controller_whose_lease_is_not_fresh_hands_out_nothing(tmp_path):
         await split.relay.intake()
         world.jobs.pump_waiting()
         assert world.replica("org/a").ran == [job_id, second]
+
+    asyncio.run(body())
+
+
+def test_a_recovered_job_is_dispatched_without_reading_the_database_on_the_loop(tmp_path):
+    """A controller taking over finds a job whose payload only the database holds: recovery
+    copies it to this machine in a thread, so that dispatching it reads no database on the loop."""
+
+    async def body():
+        world = World(tmp_path, [spec("org/a")])
+        split = Split(world, tmp_path)
+        world.jobs.upkeep.payloads = world.jobs.payloads  # the controller's, as the split gives it
+        job_id = await split.submit("org/a")  # stored by an API process; no controller took it
+        loop_thread = threading.get_ident()
+        on_loop: list[str] = []
+        database = world.connection
+
+        def watch(name):
+            method = getattr(database, name)
+
+            def watched(*args, **kwargs):
+                if threading.get_ident() == loop_thread:
+                    on_loop.append(name)
+                return method(*args, **kwargs)
+
+            setattr(database, name, watched)
+
+        watch("read")
+        watch("write")
+        assert await world.jobs.recover() == [job_id]
+        await world.start()
+        await world.settle()
+        assert world.replica("org/a").ran == [job_id]
+        assert on_loop == [], f"database calls on the controller's loop: {on_loop}"
+        assert (tmp_path / "spool" / f"{job_id}.payload").read_bytes() == b"payload"
 
     asyncio.run(body())

@@ -93,6 +93,10 @@ class Upkeep:
             else:
                 if job.status is Status.DISPATCHED:
                     self._recorder.record(job.id, Status.QUEUED, "Requeued after a server restart.")
+                elif job.status is Status.RECEIVED:
+                    # Stored by an API process, never queued: queued now, or dispatching it
+                    # would be a transition its lifecycle forbids (RECEIVED to DISPATCHED).
+                    self._recorder.record(job.id, Status.QUEUED, "Queued after a server restart.")
                 self.scheduler.enqueue(name, job.user_id, job.id, priority=job.priority)
                 requeued.append(job.id)
                 continue
@@ -105,13 +109,23 @@ class Upkeep:
 
     def _left_behind(self) -> list[tuple[Job, bool]]:
         """Blocking: the jobs a previous controller left unfinished, each with whether its
-        payload is still there (asked only of a job that has not started)."""
+        payload is here to run it (asked only of a job that has not started)."""
         waiting = (Status.RECEIVED, Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING)
         return [
             (job, job.status is not Status.RUNNING and job.started_at is None
-             and self.payloads.exists(job.id))
+             and self._payload_here(job.id))
             for job in self.store.with_status(waiting + (Status.DISPATCHED, Status.RUNNING))
         ]
+
+    def _payload_here(self, job_id: str) -> bool:
+        """Blocking: copy the payload to this machine now, in this thread, as the intake
+        does for a new job: dispatching then finds the file and reads no database on
+        the loop (a payload held in the database may be large)."""
+        try:
+            self.payloads.fetch_to_file(job_id)
+        except (OSError, ValueError):
+            return False
+        return True
 
     def _delete_payloads(self, job_ids: list[str]) -> None:
         """Blocking: the payloads of jobs recovery failed."""
