@@ -21,7 +21,7 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Optional, TypedDict, Union
+from typing import Any, Iterable, Optional, TypedDict, Union, Unpack
 
 from sqlalchemy import Select, bindparam, delete, func, insert, select, update
 from sqlalchemy.engine import RowMapping
@@ -161,15 +161,7 @@ class JobStore:
         return job
 
     def transition(
-        self,
-        job_id: str,
-        status: Status,
-        description: str,
-        *,
-        meta: Optional[dict[str, Any]] = None,
-        result_size: Optional[int] = None,
-        result_expires_at: Optional[float] = None,
-        started: bool = False,
+        self, job_id: str, status: Status, description: str, **fields: Unpack[Changes]
     ) -> Job:
         """Move a job to ``status``, refusing transitions the lifecycle forbids.
 
@@ -181,8 +173,7 @@ class JobStore:
             if row is None:
                 raise KeyError(job_id)
             job = _job(row)
-            change(job, status, description, meta=meta, result_size=result_size,
-                   result_expires_at=result_expires_at, started=started)
+            change(job, status, description, **fields)
             db.execute(
                 _TRANSITION,
                 {
@@ -216,16 +207,7 @@ class JobStore:
             db.execute(_ADD_LOG, {"job_id": job_id, "at": time.time(), "line": line})
 
 
-def change(
-    job: Job,
-    status: Status,
-    description: str,
-    *,
-    meta: Optional[dict[str, Any]] = None,
-    result_size: Optional[int] = None,
-    result_expires_at: Optional[float] = None,
-    started: bool = False,
-) -> None:
+def change(job: Job, status: Status, description: str, **fields: Unpack[Changes]) -> None:
     """Apply a transition to ``job`` in place (`InvalidTransition` if the lifecycle forbids it).
 
     The one statement of what a transition changes: the store applies it to the
@@ -234,12 +216,13 @@ def change(
     """
     check_transition(job.status, status)
     job.status, job.description, job.updated_at = status, description, time.time()
+    meta, result_size = fields.get("meta"), fields.get("result_size")
     if meta is not None:
         job.meta = meta
     if result_size is not None:
         job.result_size = result_size
-        job.result_expires_at = result_expires_at
-    if started:
+        job.result_expires_at = fields.get("result_expires_at")
+    if fields.get("started", False):
         job.started_at = job.updated_at
     elif status is Status.QUEUED:
         job.started_at = None
