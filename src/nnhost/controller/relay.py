@@ -49,6 +49,7 @@ from ..jobs.messages import (
     parse_command,
 )
 from ..storage.blocking import run_blocking
+from .controls import carry_out
 from .service import JobService
 
 log = logging.getLogger("nnhost.relay")
@@ -78,8 +79,6 @@ class InProcessLink:
         return self.service.cancel(job)
 
     async def command(self, command: Command) -> Result:
-        from .controls import carry_out
-
         return await carry_out(self.service, command)
 
     def board(self) -> Board:
@@ -130,8 +129,6 @@ class Relay:
         return taken
 
     async def carry_out_commands(self) -> int:
-        from .controls import carry_out
-
         if not self.service.may_act():
             return 0
         for row in (pending := await run_blocking(self._pending)):
