@@ -2,13 +2,17 @@
 
 One user's job fills large tensors with a recognisable pattern and lets them
 go; the next job, from another user, allocates with every spelling of the
-empty family it may use and looks at what it got. Everything it gets must be
-zero: not merely free of the pattern (freed-memory scrubbing alone would give
-that on the CPU), but blank, as `execution.fresh_memory` promises on every
-device. Both jobs go through the real client to the real contained server.
+empty family it may use and looks at what it got. None of it may hold the
+pattern, and what the patched constructors return (storages from a size,
+numpy's empties) must be zero. Both jobs go through the real client to the
+real contained server. On this CPU-only torch each job has a process of its
+own, which runs without the dispatch mode (`fresh_memory.blanking_needed`):
+were the two jobs ever to share a process, the pattern would show.
 
-The mode's other duty, refusing writes into weights held off the host, is
-exercised directly on CPU tensors marked as protected.
+The mode itself (what a process that can meet another request's memory, on
+an accelerator or serving several jobs, runs every job under) is exercised
+directly: it blanks every spelling of the empty family, and refuses writes
+into weights held off the host (CPU tensors marked as protected here).
 """
 
 from __future__ import annotations
@@ -76,7 +80,11 @@ def allocate_everything(model, url):
     return found
 
 
-def test_a_later_users_empty_allocations_are_blank(serving, remote_model, monkeypatch):
+#: Spellings that go around the dispatcher: patched in every process, so blank everywhere.
+PATCHED = ("torch.UntypedStorage(n)", "UntypedStorage.resize_", "numpy.empty", "numpy.empty_like")
+
+
+def test_a_later_users_empty_allocations_never_show_the_earlier_job(serving, remote_model):
     from test_accounts import as_client, make_user
 
     other = make_user(serving, "mallory-uninitialised@example.org")
@@ -88,10 +96,44 @@ def test_a_later_users_empty_allocations_are_blank(serving, remote_model, monkey
         assert set(found) >= {"torch.empty", "Tensor.resize_", "torch.UntypedStorage(n)", "numpy.empty"}
         for name, (pattern, nonzero) in found.items():
             assert pattern == 0, f"{name} showed the previous job's values ({pattern} elements)"
-            assert nonzero == 0, f"{name} returned {nonzero} non-zero elements: not blank"
+            if name in PATCHED:
+                assert nonzero == 0, f"{name} returned {nonzero} non-zero elements: not blank"
 
 
 # --- the mode itself, in this process ---------------------------------------------------
+
+
+def test_the_mode_blanks_every_spelling_of_the_empty_family():
+    from nnhost.execution.fresh_memory import job_memory
+
+    size = 1 << 16
+    for _ in range(4):  # freed blocks of the sizes asked for below, full of the pattern
+        torch.full((size,), PATTERN).mul_(1.0)
+        torch.full((size + 1,), PATTERN).mul_(1.0)
+    with job_memory():
+        grown = torch.ones(1)
+        grown.resize_(size + 1)
+        got = {
+            "torch.empty": torch.empty(size),
+            "torch.empty_like": torch.empty_like(torch.ones(size)),
+            "Tensor.new_empty": torch.ones(1).new_empty(size),
+            "torch.empty_strided": torch.empty_strided((size,), (1,)),
+            "torch.Tensor(n)": torch.Tensor(size),
+            "torch.FloatTensor(n)": torch.FloatTensor(size),
+            "torch.ops.aten.empty": torch.ops.aten.empty.memory_format([size]),
+            "Tensor.resize_": grown[1:],
+        }
+    for name, tensor in got.items():
+        assert int(torch.count_nonzero(tensor)) == 0, f"{name} is not blank under the mode"
+
+
+def test_only_a_job_alone_in_its_process_on_a_cpu_torch_goes_without_the_mode():
+    from nnhost.execution.fresh_memory import accelerator_reachable, blanking_needed
+
+    assert not accelerator_reachable()  # this suite's torch is the CPU build
+    assert not blanking_needed(frozenset(), sole_job=True)
+    assert blanking_needed(frozenset(), sole_job=False)  # a process that serves more jobs
+    assert blanking_needed(frozenset({1}), sole_job=True)  # weights on an accelerator to protect
 
 
 def test_writes_into_protected_storages_are_refused_before_they_happen():

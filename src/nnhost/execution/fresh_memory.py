@@ -1,26 +1,34 @@
-"""Memory a request allocates starts blank: never an earlier request's values.
+"""Memory a request allocates never shows an earlier request's values.
 
-``torch.empty`` and its family hand back memory without clearing it. On the
-CPU that memory comes from the heap, where glibc's ``M_PERTURB`` (see
-`containment`) overwrites what was freed; but PyTorch's own caches do not go
-through ``free``: the CUDA caching allocator and the pinned-host allocator
-keep freed blocks and give them to the next allocation of that size, still
-holding the previous user's activations. So while a job runs, `job_memory`
-puts a dispatch mode on torch's stack (it sees every aten operation, whatever
-Python spelling reached it: ``torch.empty``, ``empty_like``, ``new_empty``,
-``empty_strided``, ``Tensor.resize_``, ``torch.Tensor(n)``, the legacy typed
-constructors, ``torch.ops.aten.empty``) and fills what those return with
-zeros; a ``resize_`` that grows a storage gets its new tail zeroed. Storages
-built from a size (``torch.UntypedStorage(n)``, ``TypedStorage``,
-``FloatStorage(n)``) and a storage's own ``resize_``, which do not pass through
-the dispatcher, are zeroed by patched methods, and ``numpy.empty``/``empty_like`` (numpy caches small
-freed buffers outside malloc) return zeros.
+``torch.empty`` and its family hand back memory without clearing it. A job
+that has a process of its own on the CPU (`job_process`) cannot meet another
+request's values that way: its process was forked from a host that never ran
+user code, and what the kernel gives it is zeroed. What crosses requests is
+PyTorch's own caches: the CUDA caching allocator and the pinned-host
+allocator keep freed blocks and give them to the next allocation of that
+size, and a process that serves more than one request keeps its heap. So
+where either can happen (`blanking_needed`: an accelerator this torch can
+reach, weights to protect, or a process that outlives its job), `job_memory`
+puts a dispatch mode on torch's stack while the job runs (it sees every aten
+operation, whatever Python spelling reached it: ``torch.empty``,
+``empty_like``, ``new_empty``, ``empty_strided``, ``Tensor.resize_``,
+``torch.Tensor(n)``, the legacy typed constructors, ``torch.ops.aten.empty``)
+and fills what those return with zeros; a ``resize_`` that grows a storage
+gets its new tail zeroed. Storages built from a size (``torch.UntypedStorage(n)``,
+``TypedStorage``, ``FloatStorage(n)``) and a storage's own ``resize_``, which
+do not pass through the dispatcher, are zeroed by patched methods, and
+``numpy.empty``/``empty_like`` (numpy caches small freed buffers outside
+malloc) return zeros, in every process.
 
-The mode is on for the whole job, so it also zeroes the few ``empty`` calls
-the model's own forward pass makes from Python: those are the job's own
-allocations, and zeroing them costs one memset each. Most intermediate
-tensors are allocated inside aten kernels, below the dispatcher, and are
-entirely written by the kernel before anyone can read them.
+The mode is not free: every aten operation of the job goes through Python
+(on a small model it doubled the forward pass), which is why a job's own
+process on a CPU-only torch goes without it.
+
+While it is on, the mode also zeroes the few ``empty`` calls the model's own
+forward pass makes from Python: those are the job's own allocations, and
+zeroing them costs one memset each. Most intermediate tensors are allocated
+inside aten kernels, below the dispatcher, and are entirely written by the
+kernel before anyone can read them.
 
 The same mode refuses in-place writes (``add_``, ``copy_``, ``out=``, through
 ``.data`` or any view) into the storages it is told to protect: the weights
@@ -224,9 +232,36 @@ def prepare() -> None:
         _MODE_CLASS = _make_mode_class()
 
 
+def accelerator_reachable() -> bool:
+    """Whether this torch build has an accelerator's allocator (CUDA, ROCm, XPU, MPS) at all.
+
+    Asked of the build, not the machine: asking for a device starts its
+    driver, which no process forked after can use (see `memory_meter`).
+    """
+    import torch
+
+    version = torch.version
+    built = bool(version.cuda or version.hip or getattr(version, "xpu", None))
+    return built or bool(torch.backends.mps.is_built())
+
+
+def blanking_needed(protected: frozenset[int], sole_job: bool) -> bool:
+    """Whether a job must run under the mode: it has something to protect, or a cache to come from.
+
+    ``sole_job``: this process runs this one job and exits (`job_process`).
+    """
+    return bool(protected) or not sole_job or accelerator_reachable()
+
+
 @contextlib.contextmanager
-def job_memory(protected: frozenset[int] = frozenset()) -> Iterator[None]:
-    """While a job runs: blank allocations, and no writes into ``protected`` storages."""
+def job_memory(protected: frozenset[int] = frozenset(), sole_job: bool = False) -> Iterator[None]:
+    """While a job runs: blank allocations, and no writes into ``protected`` storages.
+
+    Where `blanking_needed` says neither can matter, the job runs without the mode.
+    """
+    if not blanking_needed(protected, sole_job):
+        yield
+        return
     prepare()
     assert _MODE_CLASS is not None
     with _MODE_CLASS(protected):

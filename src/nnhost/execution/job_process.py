@@ -91,6 +91,7 @@ def live(
                     os.close(fd)
 
         uid = policy.limits.uid_base + host_pid()
+        runner.sole_job = True  # fresh memory: see `fresh_memory.blanking_needed`
         report = contain_job(policy.limits, uid, memory_cgroup, settle)
         import torch
 

@@ -123,6 +123,8 @@ class Runner:
         self.unpickler = unpickler
         #: Undoes what a job changed on the shared model (`integrity.ModelGuard`).
         self.guard: Optional[ModelGuard] = None
+        #: This process runs one job and exits (a job's own process sets it after the fork).
+        self.sole_job = False
         self.persistent_objects = model._remoteable_persistent_objects()
         # What every request starts from; a request's env is undone afterwards
         # so it can never leak into the next user's run.
@@ -355,7 +357,7 @@ class Runner:
         from .fresh_memory import job_memory
 
         protected = self.guard.protected_storages() if self.guard is not None else frozenset()
-        return job_memory(protected)
+        return job_memory(protected, self.sole_job)
 
     def _execute(self, tracer: Any, spec: JobSpec, emit: Emit) -> dict[str, Any]:
         from nnsight.tracing.tracer import _saves, dec, inc  # type: ignore[import-untyped]
