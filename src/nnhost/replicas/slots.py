@@ -163,12 +163,16 @@ class JobProcesses:
         with self._lock:
             self.slots[slot.pid] = slot
             groups = self._replica.groups
-            if groups is not None and groups.available and not slot.reusable:
-                limits = self.policy.limits
-                memory = (limits.memory_bytes or 8 << 30) + limits.scratch_bytes
-                try:
-                    groups.attach(slot.pid, memory, limits.extra_tasks + 64)
-                except OSError as error:
+        if groups is not None and groups.available and not slot.reusable:
+            # Outside the lock: moving a process into a group waits for the
+            # kernel (milliseconds), and the lock is what a finishing job's
+            # reader takes before it reports. This slot's own reader starts after.
+            limits = self.policy.limits
+            memory = (limits.memory_bytes or 8 << 30) + limits.scratch_bytes
+            try:
+                groups.attach(slot.pid, memory, limits.extra_tasks + 64)
+            except OSError as error:
+                with self._lock:
                     groups.problem = f"cannot use a cgroup: {error.strerror or error}"
                     self.kill(slot, None)
                     self.request_fork()  # the next one falls back to RLIMIT_AS
