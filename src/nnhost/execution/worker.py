@@ -167,6 +167,10 @@ def secure(
     return runner, guard, report
 
 
+#: The warm-up's request (the server's own, never a user's), serialized for this process's model.
+_own_request: Optional[bytes] = None
+
+
 def warm_up(model: Any, runner: Runner) -> Optional[str]:
     """Run one request of our own through the whole job path, in the host, before any fork.
 
@@ -182,17 +186,22 @@ def warm_up(model: Any, runner: Runner) -> Optional[str]:
 
     from .events import JobEvent, JobSpec
 
+    global _own_request
     try:
-        captured: dict[str, bytes] = {}
+        if _own_request is None:
+            # Traced and serialized once, by the process that forks: every job
+            # process inherits it and warms up on the run alone.
+            captured: dict[str, bytes] = {}
 
-        def capture(tracer: Any) -> None:
-            captured["blob"] = RequestModel.serialize(tracer, True)
+            def capture(tracer: Any) -> None:
+                captured["blob"] = RequestModel.serialize(tracer, True)
 
-        with model.trace("Hello, world. The city of", backend=capture):
-            model.output.save()
+            with model.trace("Hello, world. The city of", backend=capture):
+                model.output.save()
+            _own_request = captured["blob"]
         payload = os.memfd_create("warm-up-payload", os.MFD_CLOEXEC)
         result = os.memfd_create("warm-up-result", os.MFD_CLOEXEC)
-        os.write(payload, captured["blob"])
+        os.write(payload, _own_request)
         os.lseek(payload, 0, os.SEEK_SET)
         events: list[JobEvent] = []
         runner.run(JobSpec("warm-up", "", True, payload_fd=payload, result_fd=result), events.append)
