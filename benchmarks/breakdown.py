@@ -26,6 +26,15 @@ Nothing in nnsight is modified. Between RUNNING and COMPLETED, the job's own
 stage further; those figures come from the job process about itself, so they
 are shown for display only, never subtracted into a stage of the table's sum.
 
+Then **throughput**: real nnsight client processes (`bench_clients.ClientPool`,
+the blocking client through the websocket, each result checked against the
+local one) run traces back to back for ``--seconds`` against each server in
+turn, two rounds, at each of ``--clients`` (8 and 16 by default); the table
+gives jobs per second and each nnhost design's ratio to the floor. The issue
+"faster than NDIF" also asks for the reference NDIF server beside them when it
+is installed; its package needs Python 3.12 or newer, so where it is absent
+the output says so and measures the rest.
+
 It must never assert on a time: the machines are shared and noisy.
 """
 
@@ -45,6 +54,7 @@ import warnings
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
+from bench_clients import ClientPool
 from common import PROMPT, client_models
 
 # At module level: FastAPI reads the floor's handlers' annotations (strings, under
@@ -90,6 +100,11 @@ def floor_server(port: int, snapshot: str) -> None:
     for parameter in model._module.parameters():
         parameter.requires_grad_(False)
     runner = Runner(model)  # trusted: no sandboxing unpickler, no guard
+    # One trace at a time, as one replica runs them: two at once in one model
+    # would interleave their hooks.
+    from concurrent.futures import ThreadPoolExecutor
+
+    one_at_a_time = ThreadPoolExecutor(1)
     sockets: dict[str, WebSocket] = {}
     app = FastAPI()
 
@@ -136,7 +151,7 @@ def floor_server(port: int, snapshot: str) -> None:
 
         async def later() -> None:
             try:
-                response = await asyncio.to_thread(run)
+                response = await asyncio.get_running_loop().run_in_executor(one_at_a_time, run)
             except Exception as error:  # said to the client, which would otherwise wait forever
                 response = ResponseModel(id=job, status=Status.ERROR, description=repr(error))
             socket = sockets.get(metadata.get("session_id") or "")
@@ -369,6 +384,51 @@ def print_table(results: dict[str, list[dict[str, float]]], metas: dict[str, lis
     print("(an SSL context, even for http) per request; the floor pays it too.")
 
 
+# --- throughput ------------------------------------------------------------------------
+
+ROUNDS = 2
+
+
+def measure_throughput(urls: dict[str, str], counts: list[int], seconds: float,
+                       expected: Any) -> dict[str, dict[int, list[float]]]:
+    """Jobs per second of each server at each client count, ``ROUNDS`` rounds, servers alternating."""
+    print(f"\nstarting {max(counts)} client processes ...", flush=True)
+    pool = ClientPool(max(counts), REPO_ID)
+    rates: dict[str, dict[int, list[float]]] = {name: {count: [] for count in counts} for name in urls}
+    try:
+        for count in counts:
+            for _ in range(ROUNDS):
+                for name, url in urls.items():
+                    rates[name][count].append(pool.rate(url, count, seconds, expected))
+    finally:
+        pool.close()
+    return rates
+
+
+def ndif_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ndif") is not None
+
+
+def print_throughput(rates: dict[str, dict[int, list[float]]]) -> None:
+    names = list(rates)
+    counts = list(rates[names[0]])
+    print()
+    print(f"Throughput: real nnsight client processes back to back, jobs/s per round ({ROUNDS} rounds,"
+          " servers alternating), and the ratio of the rounds' means to the floor's:")
+    width = max(len(name) for name in names)
+    for count in counts:
+        floor_mean = statistics.mean(rates["floor"][count])
+        for name in names:
+            values = rates[name][count]
+            ratio = "" if name == "floor" else f"   {statistics.mean(values) / floor_mean:.2f}x the floor"
+            print(f"  {count:>3} clients  {name:<{width}}  " + "  ".join(f"{v:6.1f}" for v in values) + ratio)
+    if not ndif_installed():
+        print("  NDIF: not measured here; the reference server (the `ndif` package) is not installed"
+              " beside this checkout (it needs Python 3.12 or newer).")
+
+
 # --- main ------------------------------------------------------------------------------
 
 
@@ -377,8 +437,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--repeats", type=int, default=30, help="timed requests per server")
     parser.add_argument("--designs", default="fork,mapped", help="NNHOST_EXECUTION values to measure")
     parser.add_argument("--json", type=Path, default=None, help="also write the per-request stages here")
+    parser.add_argument("--clients", default="8,16", help="client process counts for throughput (empty: none)")
+    parser.add_argument("--seconds", type=float, default=6.0, help="length of one throughput round")
     args = parser.parse_args(argv)
     designs = [d for d in args.designs.split(",") if d]
+    counts = [int(c) for c in args.clients.split(",") if c]
 
     from nnhost.testing import ServerProcess, free_port, point_client_at
 
@@ -433,9 +496,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                              for stamps, meta in zip(all_stamps[design], metas[design])
                              if meta["job_id"] in rows]
         print_row_spans(spans)
+        rates: dict[str, dict[int, list[float]]] = {}
+        if counts:
+            rates = measure_throughput(urls, counts, args.seconds, expected.detach())
+            print_throughput(rates)
         if args.json is not None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({"stages": results, "meta": metas}, indent=1))
+            args.json.write_text(json.dumps({"stages": results, "meta": metas, "throughput": rates}, indent=1))
         return 0
     finally:
         for server in servers.values():
