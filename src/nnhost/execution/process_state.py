@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from .integrity import GuardReport
 
 
-def process_state() -> dict[str, Any]:
+def process_state(random: bool = True) -> dict[str, Any]:
+    """torch's and numpy's process-wide settings; their random states too unless ``random`` is False."""
     import torch
 
     state: dict[str, Any] = {
@@ -30,8 +31,10 @@ def process_state() -> dict[str, Any]:
         "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
         "matmul precision": torch.get_float32_matmul_precision(),
         "anomaly detection": torch.is_anomaly_enabled(),
-        "torch random state": torch.get_rng_state(),
     }
+    if not random:
+        return state
+    state["torch random state"] = torch.get_rng_state()
     try:
         import numpy
 
@@ -134,7 +137,9 @@ def shared_state() -> dict[str, Any]:
     import torch
     from torch.nn.modules import module as torch_module
 
-    state = {key: value for key, value in process_state().items() if "random" not in key}
+    # Not the random states: each job is reseeded anyway, and copying numpy's took
+    # most of this check's time, twice on every job's path.
+    state = process_state(random=False)
     state["default device"] = str(torch.get_default_device())
     state["torch function modes"] = torch._C._len_torch_function_stack()
     for name in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
