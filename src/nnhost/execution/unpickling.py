@@ -81,6 +81,10 @@ if TYPE_CHECKING:
         stack: list[Any]
         metastack: list[list[Any]]
         memo: dict[int, Any]
+        read: Callable[[int], bytes]
+        readline: Callable[[], bytes]
+        _file_read: Callable[[int], bytes]
+        _file_readline: Callable[[], bytes]
 
         def __init__(self, file: Any) -> None: ...
         def load(self) -> Any: ...
@@ -414,6 +418,21 @@ class RestrictedUnpickler(_PythonUnpickler):
 
     def _refuse_opcode(self) -> None:
         raise refuse("an old pickle opcode (INST, OBJ or an extension code)", "nnsight uses protocol 4")
+
+    def load_frame(self) -> None:
+        # A frame is a length before a run of opcodes, so that a reader of a
+        # stream can fetch the run at once; the opcodes read the same without
+        # it. The payload is already in memory, and pickle's per-frame buffer
+        # cost a Python call on every read of every opcode (about two thirds
+        # of a small payload's load): from the first frame on, read the
+        # payload itself. Only the opcode byte of pickle's own loop still
+        # passes through that buffer, which is then empty.
+        if len(self._file_read(8)) != 8:
+            raise pickle.UnpicklingError("the payload ends inside a frame's length")
+        self.read = self._file_read
+        self.readline = self._file_readline
+
+    dispatch[pickle.FRAME[0]] = load_frame
 
     for _opcode in (pickle.INST, pickle.OBJ, pickle.EXT1, pickle.EXT2, pickle.EXT4):
         dispatch[_opcode[0]] = _refuse_opcode
