@@ -16,7 +16,8 @@ before anything of a job has been read, it:
    (`mapped_weights`) half-way, once its own ``/proc`` is mounted (a GPU's
    driver starts nowhere else) and before its limits and identity;
 3. says it is ready (`messages.Ready`) and waits for exactly one job
-   (`messages.Run`).
+   (`messages.Run`), warming up first if the replica says so (`messages.Warm`:
+   its running job has ended, and no other waits).
 
 Then it runs that job with the `Runner` (the Python layer as before), reports
 RUNNING, LOG and one final event, and exits; the replica kills what is left.
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from .channel import Channel
 from .events import JobEvent, JobSpec, cut_description
 from .handoff import receive_job
-from .messages import TO_JOB, Event, Ready
+from .messages import TO_SPARE, Event, Ready, Run
 
 if TYPE_CHECKING:
     from .policy import WorkerPolicy
@@ -69,8 +70,10 @@ def live(
     ``warm``: run a request of our own before saying ready, so that the job
     finds its pages copied and torch's threads started. It costs a whole
     request's CPU, which only pays while nobody waits: the replica asks for
-    none when jobs come back to back (`replicas.slots`), nor for the first
-    process of a cold start a job waits for (`replicas.replica`).
+    it for the first process of a host no job waits for (`replicas.replica`).
+    A process forked while a job runs says it is ready at once and warms up
+    only if told to (`messages.Warm`) once that job has ended (`replicas.slots`):
+    warming up beside it took the CPU the running job needed.
 
     ``weights``: in the mapped design, the handles of the host's weights, bound
     into this process's module tree while it takes its layers (`mapped_weights`).
@@ -99,25 +102,21 @@ def live(
         # fork would hang here); each job process starts its own.
         torch.set_num_threads(options.torch_threads if options.torch_threads > 0 else (os.cpu_count() or 1))
         if warm:
-            # While no job waits for us: touch what a job touches (the pages it
-            # would copy from the host, torch's thread pool), off the request's path.
-            from .worker import warm_up
-
-            warm_up(runner.model, runner)
-        import gc
-
-        # What the warm-up made stays for the job: no collection walks it again
-        # (in the mapped design that includes the tree's weights, bound here).
-        gc.collect()
-        gc.freeze()
+            _warm_up(runner)
+        else:
+            _settle()
         from .memory_meter import prepare
 
         prepare()  # its thread started now, not on the job's path
         channel.send(Ready(containment=report.to_dict()))
-        job, fds = TO_JOB.receive(channel)
-        if job is None:
-            os._exit(0)
-        spec = receive_job(job, fds)
+        while True:
+            message, fds = TO_SPARE.receive(channel)
+            if message is None:
+                os._exit(0)
+            if isinstance(message, Run):
+                break
+            _warm_up(runner)  # Warm: the replica's job has ended, none waits for us
+        spec = receive_job(message, fds)
         if policy.test_hooks:
             try:
                 _run_test_hook(spec, channel, runner)
@@ -134,6 +133,24 @@ def live(
             pass
     finally:
         os._exit(status)
+
+
+def _warm_up(runner: Runner) -> None:
+    """While no job waits for us: touch what a job touches (the pages it would
+    copy from the host, torch's thread pool), off the request's path."""
+    from .worker import warm_up
+
+    warm_up(runner.model, runner)
+    _settle()
+
+
+def _settle() -> None:
+    import gc
+
+    # What was made so far (a warm-up, and in the mapped design the tree's
+    # weights, bound here) stays for the job: no collection walks it again.
+    gc.collect()
+    gc.freeze()
 
 
 def _detach_from_host(channel_fd: int, log_fd: int, weights: list[int]) -> None:

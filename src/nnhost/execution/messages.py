@@ -101,7 +101,9 @@ class Fork(Message):
     """Make the next job's process; ``memory_cgroup``: the replica puts it in a memory cgroup.
 
     ``warm``: it runs a request of its own before it says it is ready (see
-    `job_process.live`); the replica asks for none when jobs come back to back.
+    `job_process.live`): the first process of a host no job waits for. One
+    forked while a job runs says it is ready at once, and warms up only when
+    told (`Warm`), so that its warm-up does not take the running job's CPU.
     """
 
     type: Literal["fork"] = "fork"
@@ -177,6 +179,17 @@ class Run(Message):
 
     type: Literal["run"] = "run"
     job: _Job
+
+
+class Warm(Message):
+    """To a ready job's process with no job yet: run a request of your own now (see `Fork`).
+
+    Sent when the replica's running job has ended and none waited for this
+    process when it was asked for; a job that comes meanwhile waits for the
+    warm-up (one request of the tiny model: milliseconds), queued in the channel.
+    """
+
+    type: Literal["warm"] = "warm"
 
 
 class Ready(Message):
@@ -310,6 +323,8 @@ FromHost = Union[State, Slot, Exit]
 FROM_HOST: Kinds[FromHost] = Kinds(State, Slot, Exit)
 #: What a job's process (or a reusable slot) reads from the replica.
 TO_JOB: Kinds[Run] = Kinds(Run)
+#: What a job's own process reads before its job: its job, or first a word to warm up.
+TO_SPARE: Kinds[Union[Run, Warm]] = Kinds(Run, Warm)
 #: What the replica reads from a job's process: untrusted, and never with descriptors.
 FromJob = Union[Ready, Event]
 FROM_JOB: Kinds[FromJob] = Kinds(Ready, Event, descriptors=False)

@@ -25,7 +25,7 @@ from ..execution.channel import BadMessage, Channel, close_all
 from ..execution.events import JobEvent, JobSpec, cut_description
 from ..execution.handoff import discard_result, send_job
 from ..execution.job_process import describe_exit
-from ..execution.messages import FROM_JOB, Discard, Fork, FromJob, Message, Ready
+from ..execution.messages import FROM_JOB, Discard, Fork, FromJob, Message, Ready, Warm
 from ..execution.messages import Slot as SlotMessage
 from ..execution.worker import crash_hint
 from .incidents import Incident
@@ -118,6 +118,8 @@ class JobProcesses:
         self.early_deaths = 0
         #: When a job process was asked for that is not ready yet (None: none is awaited).
         self.asked_at: Optional[float] = None
+        #: The spare is to warm up once no job runs (none waited when it was asked for).
+        self.warm_spare = False
 
     # -- what the replica asks -------------------------------------------------------------
 
@@ -132,7 +134,8 @@ class JobProcesses:
         """Hand ``spec`` to the spare slot (the caller holds the lock and checked there is one).
 
         ``more_waiting``: other jobs wait for this replica, so the next job
-        process goes without a warm-up (see `job_process.live`).
+        process goes without a warm-up. Otherwise it warms up once this job
+        has ended (`messages.Warm`), not beside it (see `job_process.live`).
         """
         slot = self.spare
         assert slot is not None  # LocalReplica.submit checked
@@ -151,9 +154,10 @@ class JobProcesses:
             # (its reader reports the reason), never the replica.
             self.kill(slot, f"The server could not hand your request to its process ({error}).")
         if not slot.reusable:
-            # A warm-up costs a whole request's CPU and delays the next job while it
-            # runs: it pays only while no job waits for the process it prepares.
-            self.request_fork(warm=not more_waiting)
+            # A warm-up costs a whole request's CPU: it pays only while no job
+            # waits for the process it prepares, and only once this job is done.
+            self.warm_spare = not more_waiting
+            self.request_fork(warm=False)
 
     def add(self, message: SlotMessage, fds: list[int], generation: int) -> None:
         """A slot the host made (descriptors: its channel, its log pipe); its reader starts."""
@@ -200,6 +204,7 @@ class JobProcesses:
         slots = [s for s in self.slots.values() if s.generation == generation]
         self.slots = {p: s for p, s in self.slots.items() if s.generation != generation}
         self.spare = None
+        self.warm_spare = False  # the next host's first process warms up before it is ready, or not at all
         current, self.current = self.current, None
         for slot in slots:
             slot.kill_reason = slot.kill_reason or reason
@@ -267,6 +272,8 @@ class JobProcesses:
                     self.early_deaths = 0
                     self.asked_at = None
                     ready = True
+                    if self.current is None:
+                        self._warm_the_spare()
                 else:
                     ready = False
             if ready:
@@ -345,7 +352,20 @@ class JobProcesses:
                 self.current = None
             if not slot.reusable:
                 self.kill(slot, None)
+            if self.current is None:
+                self._warm_the_spare()
         self._on_idle()
+
+    def _warm_the_spare(self) -> None:
+        """No job runs: the spare warms up now if none waited when it was asked for (lock held)."""
+        spare = self.spare
+        if not self.warm_spare or spare is None or spare.reusable or spare.job is not None:
+            return
+        self.warm_spare = False
+        try:
+            spare.channel.send(Warm())
+        except OSError:
+            pass  # it died: its reader reports that
 
     def _violation(self, slot: Slot, why: str) -> None:
         with self._lock:
