@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from starlette.types import Message
 
 from ..auth.access import Throttled
-from ..auth.keys import KeyProblem, Principal
+from ..auth.keys import KeyCheck, KeyProblem, Principal
 from ..auth.limits import Limits, retry_after
 from ..storage.blocking import run_blocking
 from .server import Server
@@ -106,6 +106,29 @@ async def require_principal(request: Request) -> Principal:
         )
     except Throttled as error:
         raise too_many(error) from None
+    return _principal_of(check)
+
+
+async def require_admitted(request: Request) -> tuple[Principal, Limits]:
+    """`require_principal`, then `admit`, in one trip to a worker thread (a job's submission)."""
+    access = server_of(request).access
+    key, address = request.headers.get(API_KEY_HEADER), client_address(request)
+
+    def check() -> tuple[KeyCheck, Optional[Limits]]:
+        checked = access.authenticate(key, address)
+        return checked, access.admit(checked.principal) if checked.principal is not None else None
+
+    try:
+        checked, limits = await run_blocking(check)
+    except Throttled as error:
+        raise too_many(error) from None
+    principal = _principal_of(checked)
+    assert limits is not None  # admitted along with every key that names a principal
+    return principal, limits
+
+
+def _principal_of(check: KeyCheck) -> Principal:
+    """The check's principal, or the 401/403 that says what is wrong with the key."""
     if check.principal is not None:
         return check.principal
     if check.problem is KeyProblem.MISSING:
@@ -122,17 +145,6 @@ async def require_principal(request: Request) -> Principal:
         f"{reasons[cast(KeyProblem, check.problem)]}. Get a new key from the server's operator or its "
         f"key page, then use it: {_HOW_TO_SET_KEY}",
     )
-
-
-async def admit(request: Request, principal: Principal) -> Limits:
-    """Let one more request in for ``principal`` under their tags' limits, or a 429.
-
-    Counts the caller's unfinished jobs in the job store, and their rate in Redis when shared.
-    """
-    try:
-        return await run_blocking(server_of(request).access.admit, principal)
-    except Throttled as error:
-        raise too_many(error) from None
 
 
 def version_below(sent: str, minimum: str) -> bool:

@@ -27,10 +27,10 @@ from . import replies
 from .deps import (
     API_KEY_HEADER,
     BodyTooLarge,
-    admit,
     bounded,
     check_client_version,
     identify,
+    require_admitted,
     require_principal,
     server_of,
     server_of_socket,
@@ -91,8 +91,7 @@ def _parse_envelope(raw: Union[UploadFile, str, None]) -> Submission:
 async def submit_request(request: Request) -> JSONResponse:
     server = server_of(request)
     check_client_version(request)
-    principal = await require_principal(request)
-    limits = await admit(request, principal)
+    principal, limits = await require_admitted(request)
     form = await _read_form(request, limits.request_bytes)
     submission = _parse_envelope(form.get("data"))
     upload = form.get("blob")

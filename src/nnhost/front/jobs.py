@@ -117,10 +117,13 @@ class JobFront:
             base_url=base_url,
             priority="priority" in principal.tags,
         )
-        # The payload is stored before the job exists, so a recorded job always
-        # has what it needs to run, whichever controller picks it up.
-        await run_blocking(self.payloads.write, job.id, blob)
-        await run_blocking(self.store.create, job)
+        def store() -> None:
+            # The payload is stored before the job exists, so a recorded job always
+            # has what it needs to run, whichever controller picks it up.
+            self.payloads.write(job.id, blob)
+            self.store.create(job)
+
+        await run_blocking(store)  # one trip to a worker thread for both
         self.observers.noted(job)
         self.link.accepted(job)
         return job  # as accepted: the answer to the request is RECEIVED (PROTOCOL.md)
