@@ -231,7 +231,10 @@ class LocalReplica:
             self._host.kill()
 
     def show_containment(self, slot: Slot) -> None:
-        self._set_state(ReplicaState(**{**asdict(self._state), "containment": self._containment(slot)}))
+        containment = self._containment(slot)
+        if containment == self._state.containment:
+            return  # every job process says the same: no news for the controller's loop
+        self._set_state(ReplicaState(**{**asdict(self._state), "containment": containment}))
 
     def unhealthy(self, description: str) -> None:
         self._set_state(ReplicaState(ReplicaStatus.UNHEALTHY, description, containment=self._containment()))
