@@ -4,6 +4,9 @@
 replicas through it exactly as through `LocalReplica`, and the test then plays
 the worker's part by hand (`run`, `log`, `complete`, `fail`, `die`), with the
 same events a real replica sends, through the same callbacks.
+
+`BareReplicaSide` is the other end: the replica as its job processes
+(`replicas.slots.JobProcesses`) see it, with no host behind it.
 """
 
 from __future__ import annotations
@@ -181,3 +184,28 @@ class FakeCluster(FakeFleet):
             return None
         self.where[replica] = max(room, key=lambda pair: pair[0])[1]
         return self.where[replica]
+
+
+class BareReplicaSide:
+    """What a replica's job processes (`replicas.slots.JobProcesses`) need of their replica,
+    with no host: the control messages it would send are kept in ``sent``."""
+
+    stopping = False
+    generation = 1
+    host_kill_reason = None
+
+    def __init__(self, groups=None) -> None:
+        self.groups = groups
+        self.sent: list[object] = []
+
+    def send_control(self, message) -> None:
+        self.sent.append(message)
+
+    def kill_host(self, reason) -> None:
+        raise AssertionError("no host to kill here")
+
+    def unhealthy(self, description: str) -> None:
+        raise AssertionError(description)
+
+    def show_containment(self, slot) -> None:
+        pass

@@ -14,6 +14,8 @@ from __future__ import annotations
 import socket
 import threading
 
+from fakes import BareReplicaSide
+
 from nnhost.execution.messages import Slot as SlotMessage
 from nnhost.execution.policy import WorkerPolicy
 from nnhost.replicas.slots import JobProcesses
@@ -36,31 +38,10 @@ class HeldGroups:
         self.attached.append(pid)
 
 
-class Replica:
-    stopping = False
-    generation = 1
-    host_kill_reason = None
-
-    def __init__(self, groups: HeldGroups) -> None:
-        self.groups = groups
-
-    def send_control(self, message) -> None:
-        pass
-
-    def kill_host(self, reason) -> None:
-        raise AssertionError("no host to kill here")
-
-    def unhealthy(self, description: str) -> None:
-        raise AssertionError(description)
-
-    def show_containment(self, slot) -> None:
-        pass
-
-
 def test_the_replica_lock_is_free_while_a_new_process_moves_into_its_group():
     groups = HeldGroups()
     lock = threading.RLock()
-    jobs = JobProcesses("org/a", WorkerPolicy(), lock, Replica(groups),
+    jobs = JobProcesses("org/a", WorkerPolicy(), lock, BareReplicaSide(groups),
                         on_job_event=lambda event: None, on_idle=lambda: None, on_incident=lambda kind: None)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     adding = threading.Thread(target=jobs.add, args=(SlotMessage(pid=4321, reusable=False), [ours.detach()], 1))

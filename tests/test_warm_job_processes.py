@@ -16,36 +16,14 @@ from __future__ import annotations
 import socket
 import threading
 
+from fakes import BareReplicaSide
+
 from nnhost.execution.channel import Channel
 from nnhost.execution.events import JobSpec
 from nnhost.execution.messages import TO_SPARE, Event, Fork, Ready, Warm
 from nnhost.execution.policy import WorkerPolicy
 from nnhost.replicas.contract import ReplicaState, ReplicaStatus
 from nnhost.replicas.slots import JobProcesses, Slot
-
-
-class Replica:
-    """The replica side, as far as asking for job processes goes."""
-
-    stopping = False
-    generation = 1
-    groups = None
-    host_kill_reason = None
-
-    def __init__(self) -> None:
-        self.sent: list[object] = []
-
-    def send_control(self, message) -> None:
-        self.sent.append(message)
-
-    def kill_host(self, reason) -> None:
-        raise AssertionError("no host to kill here")
-
-    def unhealthy(self, description: str) -> None:
-        raise AssertionError(description)
-
-    def show_containment(self, slot) -> None:
-        pass
 
 
 def _one_job(tmp_path, more_waiting: bool) -> tuple[Fork, list[object], list[object]]:
@@ -55,7 +33,7 @@ def _one_job(tmp_path, more_waiting: bool) -> tuple[Fork, list[object], list[obj
     next process was told while the job ran, and what it was told once the
     job's final event was read.
     """
-    replica = Replica()
+    replica = BareReplicaSide()
     jobs = JobProcesses("org/a", WorkerPolicy(), threading.RLock(), replica,
                         on_job_event=lambda event: None, on_idle=lambda: None, on_incident=lambda kind: None)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
