@@ -185,8 +185,8 @@ class Warm(Message):
     """To a ready job's process with no job yet: run a request of your own now (see `Fork`).
 
     Sent when the replica's running job has ended and none waited for this
-    process when it was asked for; a job that comes meanwhile waits for the
-    warm-up (one request of the tiny model: milliseconds), queued in the channel.
+    process when it was asked for; a job that comes meanwhile waits in the
+    channel for the warm-up (one small request of the server's own) to end.
     """
 
     type: Literal["warm"] = "warm"

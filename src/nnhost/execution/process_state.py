@@ -80,7 +80,9 @@ def fresh_random_state() -> None:
 
     import torch
 
-    if any(getattr(torch.version, name, None) for name in ("cuda", "hip", "xpu")) or torch.backends.mps.is_built():
+    from .fresh_memory import accelerator_reachable
+
+    if accelerator_reachable():
         torch.seed()  # the CPU and every accelerator torch was built for
     else:
         # A CPU build: torch.seed() would still queue a seeding for each absent

@@ -272,8 +272,7 @@ class JobProcesses:
                     self.early_deaths = 0
                     self.asked_at = None
                     ready = True
-                    if self.current is None:
-                        self._warm_the_spare()
+                    self._warm_the_spare()
                 else:
                     ready = False
             if ready:
@@ -352,14 +351,13 @@ class JobProcesses:
                 self.current = None
             if not slot.reusable:
                 self.kill(slot, None)
-            if self.current is None:
-                self._warm_the_spare()
+            self._warm_the_spare()
         self._on_idle()
 
     def _warm_the_spare(self) -> None:
-        """No job runs: the spare warms up now if none waited when it was asked for (lock held)."""
+        """The spare warms up now if no job runs and none waited when it was asked for (lock held)."""
         spare = self.spare
-        if not self.warm_spare or spare is None or spare.reusable or spare.job is not None:
+        if not self.warm_spare or self.current is not None or spare is None or spare.reusable or spare.job is not None:
             return
         self.warm_spare = False
         try:
