@@ -15,7 +15,12 @@ and ``mapped``), and the **floor**: a minimal server in its own process, holding
 the model and running each trace in its request handler with nnhost's own
 `Runner` (no queue, no database, no files, no isolation, the result sent back on
 the websocket). The same unmodified nnsight 0.8.1 client drives all of them in
-one run, interleaved round by round, so drift on the machine hits each alike.
+one run, taking turns block by block, so drift on the machine hits each alike.
+A block is a few requests back to back (``--block``, 5), as a user's loop sends
+them, after a moment of quiet: what a server does after its reply (a job
+process's exit, the next one's fork and warm-up) lands on its own next request,
+never on another server's. Alternating single requests put each server's
+trailing work on the next server's request and moved the figures by several ms.
 
 What is measured, all on the client's clock (one clock, so no skew): a
 subclass of the client's `RemoteBackend` that only stamps times around the
@@ -64,6 +69,8 @@ from fastapi import Form, UploadFile, WebSocket, WebSocketDisconnect
 REPO_ID = "nnhost-bench/breakdown-tiny"
 API_KEY = "nnh_bench_" + "d" * 40
 WARMUP = 3
+#: Seconds of quiet before each server's block of requests (see `main`).
+QUIET = 0.3
 
 # Stages in order along the critical path; each is the time between two stamps.
 STAGES = [
@@ -326,8 +333,8 @@ def print_row_spans(spans: dict[str, list[dict[str, float]]]) -> None:
     print("   are read after its reply, so the POST stage above holds the server's queue and hand-off too)")
 
 
-def print_table(results: dict[str, list[dict[str, float]]], metas: dict[str, list[dict]],
-                repeats: int) -> None:
+def print_table(results: dict[str, list[dict[str, float]]], metas: dict[str, list[dict]], repeats: int,
+                block: int) -> None:
     names = list(results)
     medians = {name: {key: statistics.median(r[key] for r in rows) for key in rows[0]}
                for name, rows in results.items()}
@@ -359,8 +366,8 @@ def print_table(results: dict[str, list[dict[str, float]]], metas: dict[str, lis
         return "  ".join([cells[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(cells[1:], widths[1:]))])
 
     print()
-    print(f"Critical path of one small trace, client clock, median of {repeats} interleaved runs "
-          f"(after {WARMUP} warm-ups):")
+    print(f"Critical path of one small trace, client clock, median of {repeats} runs per server "
+          f"(after {WARMUP} warm-ups), in blocks of {block} back to back, servers taking turns:")
     print(line(headers))
     print(line(["-" * w for w in widths]))
     for cells in table:
@@ -435,6 +442,8 @@ def print_throughput(rates: dict[str, dict[int, list[float]]]) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--repeats", type=int, default=30, help="timed requests per server")
+    parser.add_argument("--block", type=int, default=5,
+                        help="requests back to back per server before the next server's turn")
     parser.add_argument("--designs", default="fork,mapped", help="NNHOST_EXECUTION values to measure")
     parser.add_argument("--json", type=Path, default=None, help="also write the per-request stages here")
     parser.add_argument("--clients", default="8,16", help="client process counts for throughput (empty: none)")
@@ -482,13 +491,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         results: dict[str, list[dict[str, float]]] = {name: [] for name in urls}
         metas: dict[str, list[dict]] = {name: [] for name in urls}
         all_stamps: dict[str, list[dict[str, float]]] = {name: [] for name in urls}
-        for _ in range(args.repeats):
+        while min(len(r) for r in results.values()) < args.repeats:
             for name, url in urls.items():
-                stamps, meta, _ = one_request(model, url)
-                results[name].append(stage_times(stamps))
-                metas[name].append(meta)
-                all_stamps[name].append(stamps)
-        print_table(results, metas, args.repeats)
+                # Between blocks the machine goes quiet: a server's work after its
+                # last reply (a process's exit, the next one's fork) lands on its
+                # own next request, as in a user's loop, never on another server's.
+                time.sleep(QUIET)
+                for _ in range(min(args.block, args.repeats - len(results[name]))):
+                    stamps, meta, _ = one_request(model, url)
+                    results[name].append(stage_times(stamps))
+                    metas[name].append(meta)
+                    all_stamps[name].append(stamps)
+        print_table(results, metas, args.repeats, args.block)
         spans: dict[str, list[dict[str, float]]] = {}
         for design, server in servers.items():
             rows = job_rows(server.data_dir / "nnhost.sqlite3")
