@@ -27,6 +27,9 @@ from nnhost.testing import ServerProcess, free_port
 MODEL_A = "nnhost-test/swap-a"
 MODEL_B = "nnhost-test/swap-b"
 PROMPT = "The Eiffel Tower is in the city of"
+#: Jobs the swap server's replica runs at once: its tests keep that many busy
+#: to make the others wait in the queue.
+AT_ONCE = 2
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,7 @@ def swap_server(root, swap_home):
         data_dir=data,
         hf_home=home,
         api_key=API_KEY,
-        extra_args=["--memory-budget", "cpu=1MB", "--time-limit", "20"],
+        extra_args=["--memory-budget", "cpu=1MB", "--time-limit", "20", "--jobs-at-once", str(AT_ONCE)],
     )
     process.start()
     yield process
@@ -230,7 +233,8 @@ def test_fair_queue_lets_a_small_user_through_a_big_users_backlog(swap_server, s
     blob = _payload(model, 0.02)
     # Hold the model busy while the backlog is submitted, so the order in which
     # the jobs run is the scheduler's choice, not the submission race's.
-    blocker = _submit(swap_server, API_KEY, MODEL_A, _payload(model, 10.0))
+    blocker = _payload(model, 10.0)
+    blockers = [_submit(swap_server, API_KEY, MODEL_A, blocker) for _ in range(AT_ONCE)]
     submitted = {}
     started = time.monotonic()
     for _ in range(200):
@@ -238,9 +242,8 @@ def test_fair_queue_lets_a_small_user_through_a_big_users_backlog(swap_server, s
     for _ in range(5):
         submitted[_submit(swap_server, key_b, MODEL_A, blob)] = "B"
     print(f"submitted 205 jobs in {time.monotonic() - started:.1f}s")
-    assert httpx.get(f"{swap_server.url}/response/{blocker}", headers=headers()).json()[
-        "status"
-    ] not in ("COMPLETED", "ERROR"), "the backlog took longer to submit than the blocker ran"
+    assert all(httpx.get(f"{swap_server.url}/response/{job}", headers=headers()).json()["status"]
+               not in ("COMPLETED", "ERROR") for job in blockers), "the backlog took longer to submit than the blockers ran"
     for job_id, user in submitted.items():
         latest = _wait(swap_server, key_a if user == "A" else key_b, job_id, timeout=300)
         assert latest["status"] == "COMPLETED", latest
@@ -275,12 +278,12 @@ def test_a_light_users_three_jobs_pass_a_heavy_users_sixteen(swap_server, swap_h
     light = _new_key(swap_server, "light@example.org")
     model = local_model(snapshots[MODEL_A])
     long_blob, short_blob = _payload(model, 0.3), _payload(model, 0.0)
-    blocker = _submit(swap_server, API_KEY, MODEL_A, _payload(model, 5.0))
+    blocker = _payload(model, 5.0)
+    blockers = [_submit(swap_server, API_KEY, MODEL_A, blocker) for _ in range(AT_ONCE)]
     submitted = {_submit(swap_server, heavy, MODEL_A, long_blob): "heavy" for _ in range(16)}
     submitted.update({_submit(swap_server, light, MODEL_A, short_blob): "light" for _ in range(3)})
-    assert httpx.get(f"{swap_server.url}/response/{blocker}", headers=headers()).json()[
-        "status"
-    ] not in ("COMPLETED", "ERROR"), "the jobs took longer to submit than the blocker ran"
+    assert all(httpx.get(f"{swap_server.url}/response/{job}", headers=headers()).json()["status"]
+               not in ("COMPLETED", "ERROR") for job in blockers), "the jobs took longer to submit than the blockers ran"
     for job_id, user in submitted.items():
         assert _wait(swap_server, heavy if user == "heavy" else light, job_id, timeout=300)["status"] == "COMPLETED"
     jobs = httpx.get(f"{swap_server.url}/admin/jobs", params={"model": MODEL_A, "limit": 1000},
@@ -293,19 +296,22 @@ def test_a_light_users_three_jobs_pass_a_heavy_users_sixteen(swap_server, swap_h
 def test_cancel_a_queued_and_a_running_job(swap_server, swap_home):
     _, snapshots = swap_home
     model = local_model(snapshots[MODEL_A])
-    running = _submit(swap_server, API_KEY, MODEL_A, _payload(model, 3.0))
+    runner = _payload(model, 3.0)
+    running = [_submit(swap_server, API_KEY, MODEL_A, runner) for _ in range(AT_ONCE)]
     queued = _submit(swap_server, API_KEY, MODEL_A, _payload(model, 0.0))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        state = httpx.get(f"{swap_server.url}/response/{running}", headers=headers()).json()["status"]
-        if state == "RUNNING":
+        states = {httpx.get(f"{swap_server.url}/response/{job}", headers=headers()).json()["status"]
+                  for job in running}
+        if states == {"RUNNING"}:
             break
         time.sleep(0.05)
-    for job_id in (queued, running):
+    for job_id in (queued, *running):
         response = httpx.post(f"{swap_server.url}/jobs/{job_id}/cancel", headers=headers())
         assert response.status_code == 200, response.text
     assert "cancelled while it was queued" in _wait(swap_server, API_KEY, queued)["description"]
-    assert "cancelled while it was running" in _wait(swap_server, API_KEY, running)["description"]
+    for job_id in running:
+        assert "cancelled while it was running" in _wait(swap_server, API_KEY, job_id)["description"]
     other = _new_key(swap_server, "carol@example.org")
     job = _submit(swap_server, API_KEY, MODEL_A, _payload(model, 0.0))
     assert httpx.post(f"{swap_server.url}/jobs/{job}/cancel", headers=headers(other)).status_code == 404
@@ -338,8 +344,9 @@ def test_server_killed_with_queued_jobs_runs_them_after_restart(root, swap_home)
     port = free_port()
 
     def server():
-        return ServerProcess([MODEL_A], data_dir=root / "restart-data", hf_home=home,
-                             api_key=API_KEY, port=port, extra_args=["--time-limit", "30"])
+        # One job at a time: the three behind the first wait in the queue.
+        return ServerProcess([MODEL_A], data_dir=root / "restart-data", hf_home=home, api_key=API_KEY,
+                             port=port, extra_args=["--time-limit", "30", "--jobs-at-once", "1"])
 
     first = server().start()
     running = _submit(first, API_KEY, MODEL_A, _payload(model, 4.0))

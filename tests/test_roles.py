@@ -48,8 +48,10 @@ def cluster(request, root, server_hf_home, test_snapshot, server, postgres, redi
         process = ServerProcess(
             [TEST_REPO], data_dir=root / f"roles-{request.param}-{name}", hf_home=server_hf_home,
             api_key=API_KEY, env=env,
+            # One job at a time: the jobs behind a running one wait in the queue,
+            # which is what a controller hands over.
             extra_args=["--role", role, "--database", database, "--events", redis_server.url,
-                        *store, *extra],
+                        "--jobs-at-once", "1", *store, *extra],
         )
         started.append(process)
         return process.start()

@@ -49,7 +49,8 @@ def watched(root, server_hf_home, test_snapshot, server):
     build_broken(server_hf_home)
     process = ServerProcess(
         [TEST_REPO, BROKEN], data_dir=root / "watched-data", hf_home=server_hf_home,
-        api_key=API_KEY, extra_args=["--time-limit", "30"],
+        # One job at a time: the page shows the jobs behind a running one as queued.
+        api_key=API_KEY, extra_args=["--time-limit", "30", "--jobs-at-once", "1"],
     )
     process.start()
     yield process

@@ -256,6 +256,12 @@ class Settings(BaseSettings):
     results_endpoint: Annotated[Optional[str], Flag(metavar="URL")] = Field(
         None, description="URL of an S3-compatible endpoint for s3:// results (default: AWS's own)."
     )
+    jobs_at_once: Annotated[int, Flag()] = Field(
+        0,
+        ge=0,
+        description="Jobs one replica runs at once where each job has a process of its own "
+        "(0: chosen from the cores; one process for every job runs one at a time).",
+    )
     torch_threads: Annotated[int, Flag()] = Field(
         0,
         ge=0,

@@ -111,6 +111,7 @@ async def list_jobs(
                 "status": job.status.value,
                 "description": job.description,
                 "created_at": job.created_at,
+                "started_at": job.started_at,
                 "updated_at": job.updated_at,
                 "runtime": (job.meta or {}).get("runtime"),
             }

@@ -316,6 +316,7 @@ def build_controller(
         placement=placement_for(factory, budgets),
         replica_factory=factory,
         torch_threads=settings.torch_threads,
+        jobs_at_once=settings.jobs_at_once,
         kill_grace=settings.kill_grace,
         scale_down_after=settings.scale_down_after,
     )

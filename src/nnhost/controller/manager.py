@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional
 from ..execution.events import JobEvent, JobSpec
 from ..execution.worker import WorkerOptions
 from ..models.catalog import Catalog, ModelKey, ModelSpec
-from ..models.sizing import threads_per_job
+from ..models.sizing import jobs_per_replica, threads_per_job
 from ..replicas.contract import Level, Replica, ReplicaFactory, ReplicaState, ReplicaStatus
 from ..replicas.incidents import Tally
 from .placement import CannotFit as CannotFit  # raised here by the placement; callers catch it
@@ -145,6 +145,7 @@ class DeploymentManager:
         placement: Placement,
         replica_factory: ReplicaFactory,
         torch_threads: int = 0,
+        jobs_at_once: int = 0,
         kill_grace: float = 10.0,
         scale_down_after: float = 300.0,
     ) -> None:
@@ -155,7 +156,9 @@ class DeploymentManager:
         self._on_change = on_change
         self._has_work = has_work
         self._environ = dict(worker_environ)
-        self._torch_threads = threads_per_job(torch_threads, sum(spec.most_replicas for spec in catalog))
+        self._jobs_at_once = jobs_at_once
+        self._torch_threads = threads_per_job(torch_threads, sum(
+            spec.most_replicas * jobs_per_replica(jobs_at_once, spec.device) for spec in catalog))
         self._kill_grace = kill_grace
         #: Where replicas may go and whom to demote for room: this machine's device
         #: budgets, or room per node when replicas land on a cluster's nodes.
@@ -182,6 +185,7 @@ class DeploymentManager:
             model_key=spec.model_key(),
             load_kwargs=spec.worker_load_kwargs(),
             torch_threads=self._torch_threads,
+            jobs_at_once=jobs_per_replica(self._jobs_at_once, spec.device),
             environ=dict(self._environ),
             device=self._device_for(spec, level),
             home_device=spec.device,

@@ -25,6 +25,9 @@ class WorkerOptions:
     model_key: str
     load_kwargs: dict[str, Any] = field(default_factory=dict)
     torch_threads: int = 0
+    #: Jobs its replica runs at once, each in its own process (the fork and
+    #: mapped designs; one process for every job runs one at a time).
+    jobs_at_once: int = 1
     #: Environment overrides applied before anything is imported.
     environ: dict[str, str] = field(default_factory=dict)
     #: Where the weights live once loaded: the model's device when HOT, "cpu" when WARM.

@@ -108,12 +108,13 @@ class LocalReplica:
     @property
     def busy(self) -> bool:
         """Running a job (eviction and the queue's estimates ask this)."""
-        return self.jobs.current is not None
+        return bool(self.jobs.running)
 
     @property
     def accepting(self) -> bool:
-        """Free, with a job process forked and contained, waiting for a job."""
-        return self.jobs.current is None and self.jobs.spare is not None
+        """Room for another job, with a job process forked and contained, waiting for it."""
+        # Read without the lock, as the loop asks often: `submit` checks again under it.
+        return self.jobs.spare is not None and self.jobs.has_room
 
     def health(self) -> ReplicaState:
         return self._state
@@ -134,9 +135,13 @@ class LocalReplica:
         with self._lock:
             self._stopping = False
             self._first_warm = not jobs_waiting
-            # A process per job (fork or mapped design): each gets a memory group.
-            if self._groups is None and self.policy.design(self.options.home_device) is not Design.IN_PROCESS:
+            process_per_job = self.policy.design(self.options.home_device) is not Design.IN_PROCESS
+            # A process per job (fork or mapped design): each gets a memory group,
+            # and, forked from the process that holds the weights, several can run
+            # beside each other. One process for every job runs them one at a time.
+            if self._groups is None and process_per_job:
                 self._groups = JobGroups(self.name)
+            self.jobs.capacity = max(1, self.options.jobs_at_once) if process_per_job else 1
             self._spawn()
         if self._watchdog is None:
             self._watchdog = threading.Thread(target=self._watch, name=f"watchdog-{self.name}", daemon=True)
@@ -144,18 +149,16 @@ class LocalReplica:
 
     def submit(self, spec: JobSpec, more_waiting: bool = False) -> None:
         with self._lock:
-            current = self.jobs.current
-            if current is not None:
-                assert current.job is not None  # the current slot is the one running a job
-                raise RuntimeError(f"replica {self.name} is busy with {current.job.job_id}")
+            if not self.jobs.has_room:
+                raise RuntimeError(f"replica {self.name} runs {len(self.jobs.running)} jobs, all it may")
             if self._state.state is not ReplicaStatus.RUNNING or self.jobs.spare is None:
                 raise RuntimeError(f"replica {self.name} is not ready ({self._state.state})")
             self.jobs.submit(spec, more_waiting)
 
     def cancel(self, job_id: str) -> bool:
         with self._lock:
-            slot = self.jobs.current
-            if slot is None or slot.job is None or slot.job.job_id != job_id:
+            slot = self.jobs.running_job(job_id)
+            if slot is None:
                 return False
             self.jobs.kill(slot, "Your request was cancelled while it was running.")
             return True
@@ -291,20 +294,20 @@ class LocalReplica:
             reason = self._kill_reason or (
                 f"The worker process stopped ({_signal_name(host.returncode)})." + crash_hint(host.returncode)
             )
-            current = self.jobs.host_died(generation, reason)
+            running = self.jobs.host_died(generation, reason)
             stopping = self._stopping
             unhealthy_at_load = self._state.state is ReplicaStatus.UNHEALTHY
-        if (current is not None and current.job is not None and current.watch is not None
-                and not current.watch.finished):
-            current.watch.finished = True
-            self.jobs.fail(current, f"{reason} The model's worker was restarted; you can resubmit your request.")
+        for slot in running:
+            if slot.job is not None and slot.watch is not None and not slot.watch.finished:
+                slot.watch.finished = True
+                self.jobs.fail(slot, f"{reason} The model's worker was restarted; you can resubmit your request.")
         if stopping or unhealthy_at_load:
             return
         self._on_incident(Incident.WORKER_RESTART)
         self._set_state(ReplicaState(ReplicaStatus.DEPLOYING, f"{reason} Restarting the worker."))
         with self._lock:
             self._restart_at = time.monotonic() + self._restart_delay
-        if current is not None:
+        if running:
             self._on_idle()
 
     # -- time limits and restarts ---------------------------------------------------
@@ -319,19 +322,17 @@ class LocalReplica:
                     if not self._stopping:
                         self._spawn()
                 self._check_start_deadline()
-                slot = self.jobs.current
-                if slot is None or slot.job is None or slot.kill_reason:
-                    continue
-                job = slot.job
-                if job.time_limit <= 0:
-                    continue
-                if time.monotonic() - slot.started - job.time_limit > self._kill_grace:
-                    self._on_incident(Incident.TIME_LIMIT_KILL)
-                    self.jobs.kill(slot, (
-                        f"Your request exceeded this server's time limit of "
-                        f"{job.time_limit:g} seconds and did not stop when interrupted, "
-                        "so its worker process was killed."
-                    ))
+                for slot in list(self.jobs.running):
+                    job = slot.job
+                    if job is None or slot.kill_reason or job.time_limit <= 0:
+                        continue
+                    if time.monotonic() - slot.started - job.time_limit > self._kill_grace:
+                        self._on_incident(Incident.TIME_LIMIT_KILL)
+                        self.jobs.kill(slot, (
+                            f"Your request exceeded this server's time limit of "
+                            f"{job.time_limit:g} seconds and did not stop when interrupted, "
+                            "so its worker process was killed."
+                        ))
 
     def _check_start_deadline(self) -> None:
         """A job process asked for and never ready (hung in its set-up) makes the replica unhealthy.

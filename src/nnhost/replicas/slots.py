@@ -5,7 +5,8 @@
 the host itself as one reusable slot). It owns them: which is ready, which
 runs the job, which are still awaited. It is given what it needs of its
 replica as a `ReplicaSide` (tell the host, kill it, report), never the
-replica's own state. One thread per slot reads its channel and its
+replica's own state. Up to `JobProcesses.capacity` slots run a job at once,
+each in its own process (one, for the reusable slot). One thread per slot reads its channel and its
 stdout/stderr pipe; every message is checked (`job_watch`) before anything
 reaches the server, and the slot is killed on anything unexpected.
 """
@@ -111,9 +112,11 @@ class JobProcesses:
         self._on_incident = on_incident
         #: Every slot of the replica's hosts, by pid, until the host reports its exit.
         self.slots: dict[int, Slot] = {}
-        #: The slot that is ready for the next job, and the one running a job.
+        #: The slot that is ready for the next job, and those running one, oldest first.
         self.spare: Optional[Slot] = None
-        self.current: Optional[Slot] = None
+        self.running: list[Slot] = []
+        #: How many jobs may run at once (the replica sets it: one for a reusable slot).
+        self.capacity = 1
         #: Job processes of this host that died before their first job, in a row.
         self.early_deaths = 0
         #: When a job process was asked for that is not ready yet (None: none is awaited).
@@ -122,6 +125,15 @@ class JobProcesses:
         self.warm_spare = False
 
     # -- what the replica asks -------------------------------------------------------------
+
+    @property
+    def has_room(self) -> bool:
+        """Another job may start (the caller holds the lock)."""
+        return len(self.running) < self.capacity
+
+    def running_job(self, job_id: str) -> Optional[Slot]:
+        """The slot running ``job_id``, if one does (the caller holds the lock)."""
+        return next((slot for slot in self.running if slot.job is not None and slot.job.job_id == job_id), None)
 
     def request_fork(self, warm: bool = True) -> None:
         """Ask the host for the next job process (``warm``: one that warms up before it is ready)."""
@@ -143,7 +155,7 @@ class JobProcesses:
         slot.job, slot.watch = spec, JobWatch(spec)
         slot.lines = LogLines(spec.max_log_lines)
         slot.started = time.monotonic()
-        self.current = slot
+        self.running.append(slot)
         try:
             # The job's files travel as open descriptors: a contained
             # process cannot see the data directory (execution.handoff).
@@ -196,8 +208,8 @@ class JobProcesses:
         if groups is not None and not slot.reusable:
             threading.Thread(target=groups.remove, args=(slot.pid,), daemon=True).start()
 
-    def host_died(self, generation: int, reason: str) -> Optional[Slot]:
-        """The host of ``generation`` is gone, and its slots with it: the one that ran a job, if any.
+    def host_died(self, generation: int, reason: str) -> list[Slot]:
+        """The host of ``generation`` is gone, and its slots with it: those that ran a job.
 
         The caller holds the lock.
         """
@@ -205,11 +217,11 @@ class JobProcesses:
         self.slots = {p: s for p, s in self.slots.items() if s.generation != generation}
         self.spare = None
         self.warm_spare = False  # the next host's first process warms up before it is ready, or not at all
-        current, self.current = self.current, None
+        running, self.running = self.running, []
         for slot in slots:
             slot.kill_reason = slot.kill_reason or reason
             slot.exited.set()
-        return current
+        return running
 
     def waiting(self) -> list[Slot]:
         """The job processes forked and not ready yet."""
@@ -266,7 +278,7 @@ class JobProcesses:
                 self._replica.show_containment(slot)
             with self._lock:
                 if self.spare is None and not self._replica.stopping and (
-                    not slot.reusable or self.current is None
+                    not slot.reusable or not self.running
                 ):
                     self.spare = slot
                     self.early_deaths = 0
@@ -299,8 +311,7 @@ class JobProcesses:
             # Free before telling anyone: a client that has its result may at once ask
             # to evict the model, and must not find the replica still "busy".
             with self._lock:
-                if self.current is slot:
-                    self.current = None
+                self._release(slot)
             self._on_job_event(checked)
             self._job_done(slot)
             return slot.reusable
@@ -347,17 +358,21 @@ class JobProcesses:
 
     def _job_done(self, slot: Slot) -> None:
         with self._lock:
-            if self.current is slot:
-                self.current = None
+            self._release(slot)
             if not slot.reusable:
                 self.kill(slot, None)
             self._warm_the_spare()
         self._on_idle()
 
+    def _release(self, slot: Slot) -> None:
+        """``slot``'s job has ended: it no longer counts against the capacity (lock held)."""
+        if slot in self.running:
+            self.running.remove(slot)
+
     def _warm_the_spare(self) -> None:
         """The spare warms up now if no job runs and none waited when it was asked for (lock held)."""
         spare = self.spare
-        if not self.warm_spare or self.current is not None or spare is None or spare.reusable or spare.job is not None:
+        if not self.warm_spare or self.running or spare is None or spare.reusable or spare.job is not None:
             return
         self.warm_spare = False
         try:
@@ -376,8 +391,7 @@ class JobProcesses:
                     f"Your request's process broke the server's protocol ({why}), so it was "
                     "stopped. Nothing it sent was kept.",
                 )
-                if self.current is slot:
-                    self.current = None
+                self._release(slot)
             self.kill(slot, None)
         log.warning("job process %s of %s: %s", slot.pid, self.name, why)
         self._on_idle()
@@ -407,8 +421,7 @@ class JobProcesses:
                     reason = f"{self._out_of_memory()} and was stopped. Use fewer or shorter inputs, or save less."
             self.fail(slot, f"{reason} You can resubmit your request.")
             with self._lock:
-                if self.current is slot:
-                    self.current = None
+                self._release(slot)
             self._on_idle()
         elif slot.job is None and not slot.reusable and not self._replica.stopping:
             with self._lock:
