@@ -24,6 +24,7 @@ from test_service_inprocess import ADA, World, spec, updates
 from nnhost.controller import recorder
 from nnhost.front.jobs import Submission
 from nnhost.jobs.job import Status
+from nnhost.jobs.store import Transition
 from nnhost.storage.blocking import run_blocking
 
 #: Only a guard against a hang: nothing here is timed.
@@ -31,10 +32,15 @@ GIVE_UP = 60.0
 
 
 class StuckTransition:
-    """The store's `transition`, blocking the first call for one job and status until let go."""
+    """The store's `transition` and `apply`, blocking the first write of one job's status until let go.
+
+    The recorder writes one change with `transition`, several in one
+    transaction with `apply`: whichever carries it blocks.
+    """
 
     def __init__(self, store, job_id: str, status: Status) -> None:
-        self.transition = store.transition
+        self._transition, self._apply = store.transition, store.apply
+        store.transition, store.apply = self.transition, self.apply
         self.job_id, self.status = job_id, status
         self.entered = threading.Event()
         self.release = threading.Event()
@@ -42,12 +48,21 @@ class StuckTransition:
         self.let_go = None
         self._armed = True
 
-    def __call__(self, job_id, status, description, **fields):
+    def _block_on(self, job_id, status) -> None:
         if self._armed and (job_id, status) == (self.job_id, self.status):
             self._armed = False
             self.entered.set()
             self.let_go = self.release.wait(GIVE_UP)
-        return self.transition(job_id, status, description, **fields)
+
+    def transition(self, job_id, status, description, **fields):
+        self._block_on(job_id, status)
+        return self._transition(job_id, status, description, **fields)
+
+    def apply(self, writes):
+        for write in writes:
+            if isinstance(write, Transition):
+                self._block_on(write.job_id, write.status)
+        return self._apply(writes)
 
 
 class Noted:
@@ -83,7 +98,7 @@ def test_a_write_stuck_in_the_store_leaves_the_loop_taking_reports_and_dispatchi
         b = await world.submit(ADA, "org/b", session.id)
         assert told(session) == [(a, "QUEUED"), (a, "DISPATCHED"), (b, "QUEUED"), (b, "DISPATCHED")]
         noted.seen.clear()
-        stuck = world.store.transition = StuckTransition(world.store, a, Status.RUNNING)
+        stuck = StuckTransition(world.store, a, Status.RUNNING)
         replica_a, replica_b = world.replica("org/a"), world.replica("org/b")
         replica_a.run()
         replica_a.log("one")
@@ -169,7 +184,7 @@ def test_a_graceful_stop_returns_only_once_its_writes_are_stored(tmp_path):
         await world.settle()
         job_id = await world.submit("org/a")
         assert world.store.get(job_id).status is Status.DISPATCHED
-        stuck = world.store.transition = StuckTransition(world.store, job_id, Status.QUEUED)
+        stuck = StuckTransition(world.store, job_id, Status.QUEUED)
         stopping = asyncio.create_task(world.controller.stop(0.0))
         assert await run_blocking(stuck.entered.wait, GIVE_UP)
         for _ in range(20):  # the loop turns; the stop waits for the write
@@ -186,7 +201,7 @@ def test_a_graceful_stop_returns_only_once_its_writes_are_stored(tmp_path):
 
 #: Every method of the job store (`jobs.store.JobStore`) the controller or the front may call.
 STORE_METHODS = ("get", "with_status", "for_user", "unfinished_count", "search", "expired_results",
-                 "logs", "create", "transition", "forget_result", "delete_logs",
+                 "logs", "create", "transition", "apply", "forget_result", "delete_logs",
                  "delete_logs_before", "add_log")
 
 
@@ -243,7 +258,8 @@ def test_no_job_store_call_of_the_controller_runs_on_its_loop(tmp_path):
     watched, statuses = asyncio.run(body())
     assert watched.on_loop == [], f"job store calls made on the controller's loop: {watched.on_loop}"
     # Not vacuous: the scenario made the controller's reads and writes of every kind.
-    assert {"with_status", "transition", "add_log", "expired_results", "delete_logs_before"} <= watched.called
+    # (A batch of writes goes to the store in one `apply`; a lone one as a `transition`.)
+    assert {"with_status", "transition", "apply", "expired_results", "delete_logs_before"} <= watched.called
     assert statuses == {
         "done": Status.COMPLETED, "cancelled": Status.ERROR, "stuck": Status.ERROR,
         "requeued": Status.QUEUED,

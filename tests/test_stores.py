@@ -15,7 +15,7 @@ from nnhost.auth.invites import InviteStore
 from nnhost.auth.keys import KeyProblem, KeyStore, UserExists
 from nnhost.auth.sessions import SessionStore
 from nnhost.jobs.job import InvalidTransition, Job, Status
-from nnhost.jobs.store import JobStore, connect
+from nnhost.jobs.store import JobStore, LogLine, Transition, connect
 
 
 @pytest.fixture
@@ -95,6 +95,35 @@ def test_log_lines_keep_their_order_and_any_text(database):
     store.delete_logs("j1")
     assert store.logs("j1") == [] and store.logs("j2") == ["other"]
     assert store.delete_logs_before(time.time() + 1) == 1
+
+
+def test_a_batch_of_writes_is_one_commit_and_a_refused_transition_writes_nothing(database):
+    """The controller's writer stores a burst (a job's RUNNING, its LOG lines, its end)
+    with one commit, not one per line; a transition the lifecycle forbids is
+    answered with its refusal, and the writes around it are stored."""
+    from sqlalchemy import event
+
+    store = JobStore(database)
+    store.create(_job("j1"))
+    store.create(_job("j2"))
+    commits = []
+    event.listen(database.engine, "commit", lambda connection: commits.append(1))
+    lines = [f"line {n}" for n in range(64)]
+    applied = store.apply([
+        Transition("j1", Status.QUEUED, "queued"),
+        *(LogLine("j1", line) for line in lines[:32]),
+        Transition("j2", Status.COMPLETED, "not from RECEIVED"),
+        Transition("nobody", Status.QUEUED, "no such job"),
+        *(LogLine("j1", line) for line in lines[32:]),
+        Transition("j1", Status.DISPATCHED, "dispatched", {"started": True}),
+    ])
+    assert len(commits) == 1
+    assert isinstance(applied[33], InvalidTransition) and isinstance(applied[34], KeyError)
+    assert applied[1:33] == [True] * 32 and applied[35:-1] == [True] * 32
+    assert applied[-1] == store.get("j1") and applied[-1].status is Status.DISPATCHED
+    assert applied[-1].started_at is not None
+    assert store.logs("j1") == lines
+    assert store.get("j2").status is Status.RECEIVED
 
 
 def test_concurrent_transitions_of_one_job_let_exactly_one_win(database):

@@ -18,8 +18,9 @@ change is made in two halves:
   that, not a row a write has yet to reach;
 - later, in order, in a worker thread: one writer (a task that hands the
   queued writes to `storage.blocking.run_blocking` a batch at a time, one
-  batch in flight) calls the store, then notes and publishes each change that
-  was stored. One queue for every job keeps each job's order (RUNNING, its
+  batch in flight) calls the store, a batch in one transaction
+  (`JobStore.apply`: a burst of LOG lines is one commit, not one per line),
+  then notes and publishes each change that was stored. One queue for every job keeps each job's order (RUNNING, its
   LOG lines, COMPLETED) and loses nothing across jobs; publishing only after
   the write means a client told COMPLETED who then asks the API for the job
   finds it COMPLETED, and the observers count what was stored.
@@ -53,7 +54,7 @@ from typing import Iterable, Optional, Union, Unpack
 from ..jobs.bus import EventBus
 from ..jobs.job import InvalidTransition, Job, Status
 from ..jobs.observer import JobObserver, Observers
-from ..jobs.store import Changes, JobStore, change
+from ..jobs.store import Changes, JobStore, LogLine, Transition, change
 from ..jobs.update import JobUpdate
 from ..storage.blocking import run_blocking
 
@@ -185,7 +186,27 @@ class Recorder:
             self._writer = None
 
     def _write(self, batch: list[_Write]) -> list[_Outcome]:
-        """Blocking, in the writer's thread: each write in order, each on its own."""
+        """Blocking, in the writer's thread: the writes in order, in one transaction.
+
+        A job's RUNNING and its burst of LOG lines then cost one commit, not
+        one each. Should the transaction fail (the database, not a refusal),
+        each write is tried on its own, with its retries.
+        """
+        if len(batch) > 1:
+            try:
+                applied = self.store.apply([_stored(write) for write in batch])
+            except Exception:
+                log.warning("could not store %d changes together; storing each on its own",
+                            len(batch), exc_info=True)
+            else:
+                outcomes: list[_Outcome] = []
+                for write, outcome in zip(batch, applied):
+                    if isinstance(outcome, Exception):
+                        self._refused(write, outcome)
+                        outcomes.append(None)
+                    else:
+                        outcomes.append(outcome)
+                return outcomes
         return [self._write_one(write) for write in batch]
 
     def _write_one(self, write: _Write) -> _Outcome:
@@ -208,10 +229,14 @@ class Recorder:
                 log.warning("could not store a change of %s (try %d of %d); trying again",
                             _job_id(write), attempt, ATTEMPTS, exc_info=True)
                 time.sleep(RETRY_AFTER)
+        self._refused(write, error)
+        return None
+
+    def _refused(self, write: _Write, error: Optional[Exception]) -> None:
+        """Say, with the job, what was not stored: it is never announced."""
         what = "a LOG line" if isinstance(write, _Line) else write.status.value
         log.error("could not store %s of job %s; it is not announced", what, _job_id(write),
                   exc_info=error, extra={"job_id": _job_id(write)})
-        return None
 
     def _told(self, batch: list[_Write], outcomes: list[_Outcome]) -> None:
         """On the loop: note and publish what was stored, in order; let ended jobs go."""
@@ -229,6 +254,12 @@ class Recorder:
                     del self._live[write.job_id]  # nothing more is written of it
             except Exception:
                 log.exception("could not announce a change of %s", _job_id(write))
+
+
+def _stored(write: _Write) -> Union[Transition, LogLine]:
+    if isinstance(write, _Line):
+        return LogLine(write.job.id, write.line)
+    return Transition(write.job_id, write.status, write.description, write.fields)
 
 
 def _job_id(write: _Write) -> str:

@@ -20,17 +20,18 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, TypedDict, Union, Unpack
 
 from sqlalchemy import Select, bindparam, delete, func, insert, select, update
-from sqlalchemy.engine import RowMapping
+from sqlalchemy.engine import Connection, RowMapping
 
 from ..db import Database
 from ..db import connect as _connect_database
 from ..db.tables import job_logs, jobs
 from ..execution.events import FINAL_STATUSES
-from .job import Job, Status, check_transition
+from .job import InvalidTransition, Job, Status, check_transition
 
 
 def connect(target: Union[Path, str]) -> Database:
@@ -67,6 +68,29 @@ class Changes(TypedDict, total=False):
     result_size: Optional[int]
     result_expires_at: Optional[float]
     started: bool
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One `JobStore.transition`, as `JobStore.apply` takes it."""
+
+    job_id: str
+    status: Status
+    description: str
+    fields: Changes = field(default_factory=lambda: Changes())
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One `JobStore.add_log`, as `JobStore.apply` takes it."""
+
+    job_id: str
+    line: str
+
+
+#: What `JobStore.apply` made of each write: the job as stored (a transition),
+#: True (a LOG line), or why the store refused a transition (nothing of it written).
+Applied = Union[Job, bool, InvalidTransition, KeyError]
 
 
 class JobStore:
@@ -169,25 +193,33 @@ class JobStore:
         then on it may have run); a job back in the queue loses its stamp.
         """
         with self._lock, self.database.write() as db:
-            row = db.execute(_LOCK_ROW, {"job_id": job_id}).mappings().first()
-            if row is None:
-                raise KeyError(job_id)
-            job = _job(row)
-            change(job, status, description, **fields)
-            db.execute(
-                _TRANSITION,
-                {
-                    "job_id": job.id,
-                    "status": job.status.value,
-                    "description": job.description,
-                    "meta": json.dumps(job.meta) if job.meta is not None else None,
-                    "updated_at": job.updated_at,
-                    "result_size": job.result_size,
-                    "result_expires_at": job.result_expires_at,
-                    "started_at": job.started_at,
-                },
-            )
-        return job
+            return _move(db, job_id, status, description, fields)
+
+    def apply(self, writes: list[Union[Transition, LogLine]]) -> list[Applied]:
+        """Several writes in order, in one transaction (one commit instead of one each).
+
+        A transition the lifecycle forbids, or of a job not stored, writes
+        nothing and is answered with its refusal; the others are written. Any
+        other failure (the database's) raises, and nothing of them is stored.
+        """
+        applied: list[Applied] = []
+        lines: list[dict[str, Any]] = []
+        with self._lock, self.database.write() as db:
+            for write in writes:
+                if isinstance(write, LogLine):
+                    lines.append({"job_id": write.job_id, "at": time.time(), "line": write.line})
+                    applied.append(True)
+                    continue
+                if lines:  # several lines, one statement
+                    db.execute(_ADD_LOG, lines)
+                    lines = []
+                try:
+                    applied.append(_move(db, write.job_id, write.status, write.description, write.fields))
+                except (InvalidTransition, KeyError) as refused:
+                    applied.append(refused)
+            if lines:
+                db.execute(_ADD_LOG, lines)
+        return applied
 
     def forget_result(self, job_id: str) -> None:
         with self._lock, self.database.write() as db:
@@ -205,6 +237,29 @@ class JobStore:
     def add_log(self, job_id: str, line: str) -> None:
         with self._lock, self.database.write() as db:
             db.execute(_ADD_LOG, {"job_id": job_id, "at": time.time(), "line": line})
+
+
+def _move(db: Connection, job_id: str, status: Status, description: str, fields: Changes) -> Job:
+    """A transition in ``db``'s transaction; refused (raised) before anything is written."""
+    row = db.execute(_LOCK_ROW, {"job_id": job_id}).mappings().first()
+    if row is None:
+        raise KeyError(job_id)
+    job = _job(row)
+    change(job, status, description, **fields)
+    db.execute(
+        _TRANSITION,
+        {
+            "job_id": job.id,
+            "status": job.status.value,
+            "description": job.description,
+            "meta": json.dumps(job.meta) if job.meta is not None else None,
+            "updated_at": job.updated_at,
+            "result_size": job.result_size,
+            "result_expires_at": job.result_expires_at,
+            "started_at": job.started_at,
+        },
+    )
+    return job
 
 
 def change(job: Job, status: Status, description: str, **fields: Unpack[Changes]) -> None:
