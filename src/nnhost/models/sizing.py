@@ -194,10 +194,13 @@ def jobs_per_replica(requested: int, device: str = "cpu", cores: Optional[int] =
     """How many jobs one replica of a model on ``device`` runs at once, each in a process of its own.
 
     Run one job at a time, a replica's next job process waits between two
-    jobs for the server to record the first and dispatch the second; on two
-    cores that idle time cost a tenth of the throughput (8 clients, the tiny
-    test model, two rounds each side by side: 17.2 and 20.2 jobs/s one at a
-    time, 20.0 and 21.7 two at once).
+    jobs for the server to record the first and dispatch the second, and a
+    small trace cannot use many cores: the cores go to jobs, not to threads.
+    Even on two cores two at once did no worse (8 clients, the tiny test
+    model, rounds side by side; jobs/s one at a time against two at once:
+    fork 17.2 and 20.2 against 20.0 and 21.7 in one run, 18.5 and 18.5
+    against 18.7 and 18.5 in another, where mapped got 15.0 and 16.7 against
+    17.5 and 17.3).
     So, unless the operator asked for a number: half the cores, at least two,
     on the CPU. On an accelerator one: each job's activations take the
     device's memory, which its budget does not count twice.
