@@ -6,7 +6,7 @@ with the ``unsafe_test_hooks`` setting; nothing in a request can turn it on).
 So each case plays a user who already got past the Python layer, and goes
 after what that would give them in a long-lived worker: state left for the
 next user, processes and threads that outlive the job, the next job's payload
-and result, forged events, memory through shared mappings, the server's log,
+and result, a job running beside it (`jobs_at_once`), forged events, memory through shared mappings, the server's log,
 and the operator's key. After each, the next user's request (the admin's,
 through the real nnsight client) must give exactly the local result, and
 nothing of the earlier job may be visible.
@@ -459,3 +459,86 @@ class TestTheOperatorKey:
         assert [p for p in found["places"] if p[0] != 2] == [], found
         assert any(p[0] == 2 and p[1].startswith("memory") for p in found["places"]), found
         assert "--api-key" not in " ".join(found["argv"]), found
+
+
+class TestAJobBesideAnother:
+    """Two users' jobs that run at the same time (`jobs_at_once`) cannot meet.
+
+    The first holds out every rendezvous it can make for a few seconds: an
+    abstract unix socket, files in ``/tmp`` and ``/dev/shm``, a System V
+    shared memory segment. The second, running meanwhile, looks for each of
+    them again and again, and for any process but its own. Each says when it
+    looked and as which uid, so the test can tell that they overlapped.
+    """
+
+    KEY = 0x6E6E68  # the System V key both use
+
+    HOLD = """
+        import ctypes, os, socket, time
+        libc = ctypes.CDLL(None, use_errno=True)
+        held = {}
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind("\\0nnhost-rendezvous")
+        server.listen(1)
+        for path in ("/tmp/nnhost-rendezvous", "/dev/shm/nnhost-rendezvous"):
+            with open(path, "w") as file:
+                file.write("here")
+        held["shm"] = libc.shmget(%d, 4096, 0o1666)
+        held["since"] = time.time()
+        server.settimeout(3.0)
+        try:
+            server.accept()
+            held["visited"] = True
+        except OSError:
+            held["visited"] = False
+        held["until"] = time.time()
+        held["uid"] = os.getuid()
+        report(held)
+    """
+
+    SEEK = """
+        import ctypes, os, socket, time
+        libc = ctypes.CDLL(None, use_errno=True)
+        # The probes work: each finds what this process itself made.
+        own = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        own.bind("\\0nnhost-own")
+        own.listen(1)
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe.connect("\\0nnhost-own")
+        with open("/tmp/nnhost-own", "w") as file:
+            file.write("mine")
+        works = [os.path.exists("/tmp/nnhost-own"), libc.shmget(%d + 1, 4096, 0o1666) >= 0,
+                 libc.shmget(%d + 1, 0, 0) >= 0]
+        seen, tries = set(), []
+        end = time.time() + 2.5
+        while time.time() < end:
+            tries.append(time.time())
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                client.connect("\\0nnhost-rendezvous")
+                seen.add("socket")
+            except OSError:
+                pass
+            client.close()
+            for path in ("/tmp/nnhost-rendezvous", "/dev/shm/nnhost-rendezvous"):
+                if os.path.exists(path):
+                    seen.add(path)
+            if libc.shmget(%d, 0, 0) >= 0:
+                seen.add("shm")
+            others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+            if others:
+                seen.add("processes " + " ".join(others))
+            time.sleep(0.05)
+        report({"seen": sorted(seen), "first": tries[0], "last": tries[-1], "uid": os.getuid(), "works": works})
+    """
+
+    def test_nothing_one_holds_out_is_found_by_the_other(self, next_user_is_served, mallory, remote_model):
+        holder = submit_hostile(next_user_is_served, mallory, self.HOLD % self.KEY, remote_model)
+        seeker = submit_hostile(next_user_is_served, API_KEY, self.SEEK % ((self.KEY,) * 3), remote_model)
+        held = reported(wait_for(next_user_is_served, mallory, holder))
+        sought = reported(wait_for(next_user_is_served, API_KEY, seeker))
+        # Not vacuous: the holder made each rendezvous, and the seeker looked while it held them.
+        assert held["shm"] >= 0 and sought["works"] == [True, True, True], (held, sought)
+        assert sought["first"] < held["until"] and sought["last"] > held["since"], (held, sought)
+        assert sought["seen"] == [] and held["visited"] is False, (held, sought)
+        assert sought["uid"] != held["uid"]
