@@ -76,8 +76,8 @@ class FakeReplica:
         self.placed.append(device)
 
     @property
-    def busy(self) -> bool:
-        return self.current is not None
+    def running(self) -> int:
+        return 0 if self.current is None else 1
 
     @property
     def accepting(self) -> bool:

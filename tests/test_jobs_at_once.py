@@ -163,11 +163,13 @@ def test_a_replica_runs_as_many_jobs_at_once_as_it_is_set_to(root, snapshot, at_
             ids = [http.post("/request", data=data, files={"blob": ("request", blob)}).json()["id"]
                    for _ in range(2)]
             deadline = time.monotonic() + 120
-            latest = {}
+            latest, shown_running = {}, set()
             while time.monotonic() < deadline:
                 latest = {job_id: http.get(f"/response/{job_id}").json() for job_id in ids}
                 if all(reply["status"] in ("COMPLETED", "ERROR") for reply in latest.values()):
                     break
+                # What the status page says runs (its board counts jobs, not busy replicas).
+                shown_running |= {model["running"] for model in http.get("/api/overview").json()["models"]}
                 time.sleep(0.1)
             for reply in latest.values():
                 assert reply["status"] == "COMPLETED", reply
@@ -179,5 +181,6 @@ def test_a_replica_runs_as_many_jobs_at_once_as_it_is_set_to(root, snapshot, at_
         # before the first had finished, or only after.
         overlapped = second["started_at"] < first["updated_at"]
         assert overlapped is (at_once == 2), (first, second)
+        assert max(shown_running) == at_once, shown_running
     finally:
         server.stop()

@@ -113,7 +113,7 @@ class Deployment:
 
     @property
     def busy(self) -> bool:
-        return any(replica.busy for replica in self.replicas)
+        return any(replica.running for replica in self.replicas)
 
     @property
     def ready(self) -> bool:

@@ -51,7 +51,7 @@ def status_entries(manager: "DeploymentManager") -> dict[str, dict[str, Any]]:
                 "description": state.description.strip().splitlines()[-1]
                 if state.description.strip()
                 else "",
-                "busy": replica.busy,
+                "busy": replica.running > 0,
                 "pid": replica.pid,
                 "containment": state.containment,
             }

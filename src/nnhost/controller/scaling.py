@@ -87,7 +87,7 @@ class Scaling:
                 continue
             for replica in reversed(deployment.replicas[deployment.spec.replicas:]):
                 since = self._idle_since.get(replica)
-                if replica.busy or since is None or now - since < self.scale_down_after:
+                if replica.running or since is None or now - since < self.scale_down_after:
                     continue
                 deployment.replicas.remove(replica)
                 self._idle_since.pop(replica, None)

@@ -85,8 +85,8 @@ class Replica(Protocol):
         """Move the weights: to the model's device for HOT, to host memory for WARM."""
 
     @property
-    def busy(self) -> bool:
-        """Running a job."""
+    def running(self) -> int:
+        """How many jobs it runs now (0: idle, so it may be evicted or retired)."""
 
     @property
     def accepting(self) -> bool:

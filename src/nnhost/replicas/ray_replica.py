@@ -180,8 +180,8 @@ class RayReplica:
     # -- the Replica contract ---------------------------------------------------------------
 
     @property
-    def busy(self) -> bool:
-        return self._current is not None
+    def running(self) -> int:
+        return 0 if self._current is None else 1  # one job at a time per actor
 
     @property
     def accepting(self) -> bool:

@@ -106,9 +106,9 @@ class LocalReplica:
     # -- the Replica seam ------------------------------------------------------
 
     @property
-    def busy(self) -> bool:
-        """Running a job (eviction and the queue's estimates ask this)."""
-        return bool(self.jobs.running)
+    def running(self) -> int:
+        """How many jobs it runs now (eviction, scaling and the board ask this)."""
+        return len(self.jobs.running)
 
     @property
     def accepting(self) -> bool:
