@@ -62,6 +62,8 @@ class Deployment:
     last_used: float = 0.0
     #: Why it is where it is (what was evicted for it, what it waits for).
     note: str = ""
+    #: Jobs each of its replicas runs at once (`models.sizing.jobs_per_replica`).
+    jobs_at_once: int = 1
     #: What went wrong around its jobs since the server started (kept across restarts).
     tally: Tally = field(default_factory=Tally)
     #: Times in a row it was started again because every replica was unhealthy,
@@ -112,8 +114,13 @@ class Deployment:
         return bool(self.replicas) and all(s is ReplicaStatus.UNHEALTHY for s in self.states())
 
     @property
+    def running(self) -> int:
+        """Jobs its replicas run now."""
+        return sum(replica.running for replica in self.replicas)
+
+    @property
     def busy(self) -> bool:
-        return any(replica.running for replica in self.replicas)
+        return self.running > 0
 
     @property
     def ready(self) -> bool:
@@ -163,7 +170,9 @@ class DeploymentManager:
         #: Where replicas may go and whom to demote for room: this machine's device
         #: budgets, or room per node when replicas land on a cluster's nodes.
         self.placement = placement
-        self.deployments: dict[str, Deployment] = {spec.name: Deployment(spec) for spec in catalog}
+        self.deployments: dict[str, Deployment] = {
+            spec.name: Deployment(spec, jobs_at_once=jobs_per_replica(jobs_at_once, spec.device))
+            for spec in catalog}
         #: Grows a deployment whose queue waited, shrinks one idle beyond its minimum.
         self.scaling = Scaling(
             self.deployments, make_replica=self._replica, retire=self._retire,
@@ -185,7 +194,7 @@ class DeploymentManager:
             model_key=spec.model_key(),
             load_kwargs=spec.worker_load_kwargs(),
             torch_threads=self._torch_threads,
-            jobs_at_once=jobs_per_replica(self._jobs_at_once, spec.device),
+            jobs_at_once=deployment.jobs_at_once,
             environ=dict(self._environ),
             device=self._device_for(spec, level),
             home_device=spec.device,
@@ -249,7 +258,8 @@ class DeploymentManager:
     def add(self, spec: ModelSpec, note: str = "") -> Deployment:
         """Take on a model fetched on demand (COLD until a job asks for it)."""
         self.catalog.add(spec)
-        deployment = self.deployments.setdefault(spec.name, Deployment(spec, note=note))
+        deployment = self.deployments.setdefault(spec.name, Deployment(
+            spec, note=note, jobs_at_once=jobs_per_replica(self._jobs_at_once, spec.device)))
         return deployment
 
     def remove(self, name: str) -> None:

@@ -232,7 +232,8 @@ class JobService:
         deployment = self.deployments.get(name)
         positions = self.scheduler.positions(name)
         total = len(positions)
-        replicas = max(1, deployment.count)
+        # Each replica runs jobs_at_once of them side by side.
+        lanes = max(1, deployment.count * deployment.jobs_at_once)
         mean = self.scheduler.mean_runtime(name)
         for job_id, position in positions.items():
             if only is not None and job_id != only:
@@ -256,8 +257,8 @@ class JobService:
                 )
             else:
                 status = Status.QUEUED
-                ahead = position - 1 + (1 if deployment.busy else 0)
-                wait = mean * ahead / replicas
+                ahead = position - 1 + deployment.running
+                wait = mean * ahead / lanes
                 estimate = f"estimated wait {wait:.0f}s" if wait >= 1 else "starting shortly"
                 description = f"Waiting in queue: {where} for {name}; {estimate}."
             key = (status, description if near else position // 25)
