@@ -142,3 +142,21 @@ def pytest_collection_modifyitems(session, config, items):
         for tier in sorted(tiers):
             if not item.get_closest_marker(tier):
                 item.add_marker(getattr(pytest.mark, tier))
+
+
+def sleeping_payload(model, prompt: str, sleep: float) -> bytes:
+    """A real client payload (serialized by nnsight) that sleeps, then saves the last logits."""
+    import time
+
+    from nnsight.schema.request import RequestModel
+    from nnsight.tracing.backend import Backend
+
+    class Capture(Backend):
+        def __call__(self, tracer):
+            self.blob = RequestModel.serialize(tracer, False)
+
+    capture = Capture()
+    with model.trace(prompt, backend=capture):
+        time.sleep(sleep)
+        logits = model.lm_head.output[:, -1].save()  # noqa: F841 (saved by its name)
+    return capture.blob

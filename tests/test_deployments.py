@@ -20,7 +20,7 @@ import warnings
 import httpx
 import pytest
 from compare import assert_same
-from conftest import API_KEY
+from conftest import API_KEY, sleeping_payload
 
 from nnhost.testing import ServerProcess, free_port
 
@@ -171,19 +171,7 @@ def test_operator_commands(swap_server):
 
 
 def _payload(model, sleep: float) -> bytes:
-    """A real client payload (serialized by nnsight) that sleeps, then saves logits."""
-    from nnsight.schema.request import RequestModel
-    from nnsight.tracing.backend import Backend
-
-    class Capture(Backend):
-        def __call__(self, tracer):
-            self.blob = RequestModel.serialize(tracer, False)
-
-    capture = Capture()
-    with model.trace(PROMPT, backend=capture):
-        time.sleep(sleep)
-        logits = model.lm_head.output[:, -1].save()
-    return capture.blob
+    return sleeping_payload(model, PROMPT, sleep)
 
 
 #: One connection pool for the many submissions (a new httpx client per call

@@ -22,7 +22,7 @@ import warnings
 import httpx
 import pytest
 import torch
-from conftest import API_KEY
+from conftest import API_KEY, sleeping_payload
 from fakes import BareReplicaSide
 
 from nnhost.execution.channel import Channel
@@ -126,22 +126,6 @@ def snapshot(root):
     return home, build_tiny_gpt2(REPO, hf_home=home)
 
 
-def _payload(model, sleep: float) -> bytes:
-    """A real client payload (serialized by nnsight) that sleeps, then saves logits."""
-    from nnsight.schema.request import RequestModel
-    from nnsight.tracing.backend import Backend
-
-    class Capture(Backend):
-        def __call__(self, tracer):
-            self.blob = RequestModel.serialize(tracer, False)
-
-    capture = Capture()
-    with model.trace(PROMPT, backend=capture):
-        time.sleep(sleep)
-        logits = model.lm_head.output[:, -1].save()
-    return capture.blob
-
-
 @pytest.mark.parametrize("at_once", [1, 2])
 def test_a_replica_runs_as_many_jobs_at_once_as_it_is_set_to(root, snapshot, at_once):
     from nnsight import LanguageModel
@@ -153,7 +137,7 @@ def test_a_replica_runs_as_many_jobs_at_once_as_it_is_set_to(root, snapshot, at_
         model = LanguageModel(str(path), dispatch=True)
     with torch.no_grad():
         expected = model._module(**model.tokenizer(PROMPT, return_tensors="pt")).logits[:, -1]
-    blob = _payload(model, 1.5)
+    blob = sleeping_payload(model, PROMPT, 1.5)
     server = ServerProcess([REPO], data_dir=root / f"jobs-at-once-{at_once}", hf_home=home, api_key=API_KEY,
                            port=free_port(), extra_args=["--jobs-at-once", str(at_once)]).start()
     try:
