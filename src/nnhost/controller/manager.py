@@ -164,15 +164,13 @@ class DeploymentManager:
         self._has_work = has_work
         self._environ = dict(worker_environ)
         self._jobs_at_once = jobs_at_once
+        self.deployments: dict[str, Deployment] = {spec.name: self._deployment(spec) for spec in catalog}
         self._torch_threads = threads_per_job(torch_threads, sum(
-            spec.most_replicas * jobs_per_replica(jobs_at_once, spec.device) for spec in catalog))
+            d.spec.most_replicas * d.jobs_at_once for d in self.deployments.values()))
         self._kill_grace = kill_grace
         #: Where replicas may go and whom to demote for room: this machine's device
         #: budgets, or room per node when replicas land on a cluster's nodes.
         self.placement = placement
-        self.deployments: dict[str, Deployment] = {
-            spec.name: Deployment(spec, jobs_at_once=jobs_per_replica(jobs_at_once, spec.device))
-            for spec in catalog}
         #: Grows a deployment whose queue waited, shrinks one idle beyond its minimum.
         self.scaling = Scaling(
             self.deployments, make_replica=self._replica, retire=self._retire,
@@ -258,9 +256,10 @@ class DeploymentManager:
     def add(self, spec: ModelSpec, note: str = "") -> Deployment:
         """Take on a model fetched on demand (COLD until a job asks for it)."""
         self.catalog.add(spec)
-        deployment = self.deployments.setdefault(spec.name, Deployment(
-            spec, note=note, jobs_at_once=jobs_per_replica(self._jobs_at_once, spec.device)))
-        return deployment
+        return self.deployments.setdefault(spec.name, self._deployment(spec, note))
+
+    def _deployment(self, spec: ModelSpec, note: str = "") -> Deployment:
+        return Deployment(spec, note=note, jobs_at_once=jobs_per_replica(self._jobs_at_once, spec.device))
 
     def remove(self, name: str) -> None:
         """Forget a COLD model fetched on demand (its files are being deleted)."""

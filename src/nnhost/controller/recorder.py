@@ -20,10 +20,11 @@ change is made in two halves:
   queued writes to `storage.blocking.run_blocking` a batch at a time, one
   batch in flight) calls the store, a batch in one transaction
   (`JobStore.apply`: a burst of LOG lines is one commit, not one per line),
-  then notes and publishes each change that was stored. One queue for every job keeps each job's order (RUNNING, its
-  LOG lines, COMPLETED) and loses nothing across jobs; publishing only after
-  the write means a client told COMPLETED who then asks the API for the job
-  finds it COMPLETED, and the observers count what was stored.
+  then notes and publishes each change that was stored. One queue for every
+  job keeps each job's order (RUNNING, its LOG lines, COMPLETED) and loses
+  nothing across jobs; publishing only after the write means a client told
+  COMPLETED who then asks the API for the job finds it COMPLETED, and the
+  observers count what was stored.
 
 A write that fails is logged, with the job and the status it would have
 stored, and neither noted nor published: nobody is told what the database

@@ -6,8 +6,8 @@ the host itself as one reusable slot). It owns them: which is ready, which
 runs the job, which are still awaited. It is given what it needs of its
 replica as a `ReplicaSide` (tell the host, kill it, report), never the
 replica's own state. Up to `JobProcesses.capacity` slots run a job at once,
-each in its own process (one, for the reusable slot). One thread per slot reads its channel and its
-stdout/stderr pipe; every message is checked (`job_watch`) before anything
+each in its own process (one, for the reusable slot). One thread per slot
+reads its channel and its stdout/stderr pipe; every message is checked (`job_watch`) before anything
 reaches the server, and the slot is killed on anything unexpected.
 """
 
