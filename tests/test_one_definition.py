@@ -123,7 +123,7 @@ def test_an_over_long_final_description_is_cut_by_the_job_and_accepted_downstrea
         torch.set_grad_enabled(grad)
     final = sent[-1]
     assert final["status"] == "ERROR" and len(final["description"]) <= MAX_DESCRIPTION_CHARS
-    assert CUT_MARK in final["description"] and final["description"].endswith("sees the change.")
+    assert CUT_MARK in final["description"] and final["description"].endswith("starts without it.")
     watch = JobWatch(SPEC)
     checked = [watch.check(messages.FROM_JOB.parse(message)) for message in sent]
     assert all(isinstance(event, JobEvent) for event in checked), checked

@@ -199,7 +199,7 @@ def test_client_versions_are_compared_by_pep_440():
 #: Every flag `nnhost serve` took when each was written out by hand: none may go or change name.
 SERVE_SETTING_FLAGS = {
     "host", "port", "data_dir", "database", "demo", "api_key", "public_url", "time_limit",
-    "kill_grace", "results", "results_endpoint", "jobs_at_once", "torch_threads", "memory_budget", "auth",
+    "kill_grace", "results", "results_endpoint", "jobs_at_once", "jobs_per_process", "torch_threads", "memory_budget", "auth",
     "allow_insecure", "signup", "cluster", "events", "role", "log_format", "forwarded_allow_ips",
 }
 

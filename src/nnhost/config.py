@@ -262,6 +262,12 @@ class Settings(BaseSettings):
         description="Jobs one replica runs at once where each job has a process of its own "
         "(0: chosen from the cores; one process for every job runs one at a time).",
     )
+    jobs_per_process: Annotated[int, Flag()] = Field(
+        50,
+        ge=1,
+        description="Jobs of one user a job's process may run, one after another, stopped in "
+        "between (1: a fresh process for every job). Another user's job never runs in it.",
+    )
     torch_threads: Annotated[int, Flag()] = Field(
         0,
         ge=0,

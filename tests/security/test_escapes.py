@@ -588,8 +588,14 @@ def test_restored_changes_are_reported_to_the_user(serving, remote_model):
     updates = asyncio.run(consume())
     completed = updates[-2]
     assert completed.status.value == "COMPLETED"
-    assert "no other request sees the change" in completed.description
+    assert "no other user's request sees the change" in completed.description
     assert "default dtype" in completed.description
+    # The same user's next request, which may run in the same process, starts without it.
+    from nnsight.intervention.backends.remote import RemoteBackend
+
+    with remote_model.trace(PROMPT, backend=RemoteBackend(remote_model.to_model_key(), host=serving.url)):
+        fresh = torch.zeros(1).save()
+    assert fresh.dtype == torch.float32, out
 
 
 def test_legitimate_edits_still_work(serving, remote_model, local_model):

@@ -162,30 +162,100 @@ class TestProcessesAndThreadsDieWithTheJob:
         time.sleep(0.3)
     """
 
-    def test_no_thread_or_daemon_outlives_its_job(self, next_user_is_served, mallory, remote_model):
+    def test_no_thread_or_daemon_runs_after_its_job(self, next_user_is_served, mallory, remote_model):
+        """The daemon is killed; the thread dies with its process, or is stopped with it.
+
+        A raw thread is out of the Python-level check's sight, so the process
+        may be parked for its owner's next job (`replicas.slots`): stopped by
+        the kernel, every thread with it, until that same user's next job.
+        """
         marker = "ev" + secrets.token_hex(4)
         final = hostile(next_user_is_served, mallory, self.SOURCE % (marker, marker), remote_model)
         assert final["status"] == "COMPLETED", final
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            left = _tasks_named(marker)
-            if not left:
+            running = [task for task, state in _tasks_named(marker) if state not in "Tt" or "-dmn" in task]
+            if not running:
                 break
             time.sleep(0.1)
-        assert left == [], left
+        assert running == [], running
+        time.sleep(0.5)
+        left = _tasks_named(marker)
+        assert all(state in "Tt" and "-thr" in task for task, state in left), left
 
 
-def _tasks_named(prefix: str) -> list[str]:
+def _tasks_named(prefix: str) -> list[tuple[str, str]]:
+    """Every task whose name starts with ``prefix``: its pid/tid and name, and its state."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             for tid in os.listdir(f"/proc/{pid}/task"):
                 with open(f"/proc/{pid}/task/{tid}/comm") as file:
-                    if file.read().startswith(prefix):
-                        found.append(f"{pid}/{tid}")
+                    name = file.read().strip()
+                if name.startswith(prefix):
+                    with open(f"/proc/{pid}/task/{tid}/stat") as file:
+                        state = file.read().rsplit(")", 1)[1].split()[0]
+                    found.append((f"{pid}/{tid} {name}", state))
         except OSError:
             continue
     return found
+
+
+class TestTheSameUsersNextJob:
+    """A job's process may run its owner's next job (`jobs_per_process`), and nobody else's.
+
+    Mallory's first job leaves a file in its private ``/tmp`` and a raw thread
+    (out of the Python-level check's sight) that stamps the time every 10 ms.
+    The admin's job, sent while her process is parked, runs in a process
+    that has run nothing: it finds neither. Her next job finds both, which
+    shows it ran in the same process, and the stamps show that her thread
+    did not run while the process waited.
+    """
+
+    FIRST = """
+        import _thread, os, time
+        with open("/tmp/%(mark)s", "w") as file:
+            file.write("here")
+        def stamp():
+            while True:
+                with open("/tmp/%(mark)s.stamps", "a") as file:
+                    file.write(repr(time.time()) + chr(10))
+                time.sleep(0.01)
+        _thread.start_new_thread(stamp, ())
+        time.sleep(0.1)
+        print("FIRST done")
+    """
+
+    NEXT = """
+        import os, time
+        time.sleep(0.05)
+        found = os.path.exists("/tmp/%(mark)s")
+        stamps = []
+        if found:
+            with open("/tmp/%(mark)s.stamps") as file:
+                stamps = [float(line) for line in file.read().split()]
+        gap = max((b - a for a, b in zip(stamps, stamps[1:])), default=0.0)
+        print("NEXT", found, len(stamps), round(gap, 3))
+    """
+
+    def test_only_the_owner_meets_what_her_job_left(self, next_user_is_served, mallory, remote_model):
+        mark = "mark" + secrets.token_hex(4)
+        first = hostile(next_user_is_served, mallory, self.FIRST % {"mark": mark}, remote_model)
+        assert first["status"] == "COMPLETED", first
+        assert "FIRST done" in job_logs(next_user_is_served, first["id"])
+        time.sleep(0.5)
+        admins = hostile(next_user_is_served, API_KEY, self.NEXT % {"mark": mark}, remote_model)
+        assert admins["status"] == "COMPLETED", admins
+        assert [line for line in job_logs(next_user_is_served, admins["id"]) if line.startswith("NEXT")] == [
+            "NEXT False 0 0.0"]
+        time.sleep(0.5)
+        hers = hostile(next_user_is_served, mallory, self.NEXT % {"mark": mark}, remote_model)
+        assert hers["status"] == "COMPLETED", hers
+        line = next(line for line in job_logs(next_user_is_served, hers["id"]) if line.startswith("NEXT"))
+        _, found, count, gap = line.split()
+        assert found == "True" and int(count) >= 5, line
+        # Parked for over a second between her two jobs: no stamp in that time.
+        assert float(gap) >= 0.9, line
 
 
 class TestAnotherJobsPayloadAndResult:

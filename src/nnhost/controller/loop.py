@@ -317,6 +317,7 @@ def build_controller(
         replica_factory=factory,
         torch_threads=settings.torch_threads,
         jobs_at_once=settings.jobs_at_once,
+        jobs_per_process=settings.jobs_per_process,
         kill_grace=settings.kill_grace,
         scale_down_after=settings.scale_down_after,
     )

@@ -153,6 +153,7 @@ class DeploymentManager:
         replica_factory: ReplicaFactory,
         torch_threads: int = 0,
         jobs_at_once: int = 0,
+        jobs_per_process: int = 1,
         kill_grace: float = 10.0,
         scale_down_after: float = 300.0,
     ) -> None:
@@ -164,6 +165,7 @@ class DeploymentManager:
         self._has_work = has_work
         self._environ = dict(worker_environ)
         self._jobs_at_once = jobs_at_once
+        self._jobs_per_process = jobs_per_process
         self.deployments: dict[str, Deployment] = {spec.name: self._deployment(spec) for spec in catalog}
         self._torch_threads = threads_per_job(torch_threads, sum(
             d.spec.most_replicas * d.jobs_at_once for d in self.deployments.values()))
@@ -193,6 +195,7 @@ class DeploymentManager:
             load_kwargs=spec.worker_load_kwargs(),
             torch_threads=self._torch_threads,
             jobs_at_once=deployment.jobs_at_once,
+            jobs_per_process=self._jobs_per_process,
             environ=dict(self._environ),
             device=self._device_for(spec, level),
             home_device=spec.device,

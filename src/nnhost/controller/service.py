@@ -175,6 +175,7 @@ class JobService:
             spec = JobSpec(
                 adapter_path=str(adapter) if adapter is not None else "",
                 job_id=job.id,
+                owner=str(job.user_id),
                 payload_path=str(payload_path),
                 compress=job.compress,
                 env=job.env,

@@ -92,6 +92,9 @@ class JobSpec:
     #: (`models.adapters`); the job's process gets its files as descriptors.
     adapter_path: str = ""
     adapter_fds: list[int] = field(default_factory=list)
+    #: Whose job it is (the account): a job's process that ran it may run that
+    #: account's next jobs, never another's (`replicas.slots`). Not sent to the job.
+    owner: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

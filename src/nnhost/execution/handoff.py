@@ -30,8 +30,11 @@ from .events import JobSpec
 from .messages import Run
 
 
-def send_job(channel: Channel, spec: JobSpec) -> None:
-    """Send the job (`messages.Run`) with its payload, result and adapter descriptors."""
+def send_job(channel: Channel, spec: JobSpec, stay: bool = False) -> None:
+    """Send the job (`messages.Run`) with its payload, result and adapter descriptors.
+
+    ``stay``: the process may wait for its owner's next job afterwards (`messages.Run`).
+    """
     payload_fd = os.open(spec.payload_path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         result_fd = os.open(
@@ -45,8 +48,8 @@ def send_job(channel: Channel, spec: JobSpec) -> None:
         for name in ADAPTER_FILES if spec.adapter_path else ():
             adapter_fds.append(os.open(os.path.join(spec.adapter_path, name), os.O_RDONLY | os.O_CLOEXEC))
         job = replace(spec, payload_path="", result_path="", payload_fd=-1, result_fd=-1,
-                      adapter_path="", adapter_fds=[-1] * len(adapter_fds))
-        channel.send(Run(job=job), [payload_fd, result_fd, *adapter_fds])
+                      adapter_path="", adapter_fds=[-1] * len(adapter_fds), owner="")
+        channel.send(Run(job=job, stay=stay), [payload_fd, result_fd, *adapter_fds])
     finally:
         for fd in (payload_fd, result_fd, *adapter_fds):
             os.close(fd)

@@ -62,9 +62,11 @@ from .messages import (
     Kinds,
     Message,
     Options,
+    Park,
     Place,
     Prepare,
     Ready,
+    Resume,
     Slot,
     State,
     Stop,
@@ -153,10 +155,17 @@ def main() -> None:
             problem = warm_up(model, runner)
             if problem:
                 print(f"nnhost host {os.getpid()}: no warm-up ({problem[-300:]})", file=sys.stderr, flush=True)
+            if options.jobs_per_process > 1 and runner.unpickler is not None:
+                from .integrity import ModelGuard
+
+                # Taken once, here, after the warm-up: every job's process
+                # inherits it and puts the model back to it between two jobs
+                # of its owner (`job_process`).
+                runner.owner_guard = ModelGuard(model, runner.persistent_objects, weights_sealed=True)
     except BaseException:
         state("UNHEALTHY", traceback.format_exc())
         sys.exit(3)
-    mode = "a fresh process per job" if fork_mode else "one process for every job"
+    mode = "a process per job, or per user's jobs" if fork_mode else "one process for every job"
     state("RUNNING", f"Loaded in {time.perf_counter() - started:.1f}s; {report.describe()}; {mode}.",
           weight_bytes(model))
     if fork_mode:
@@ -437,6 +446,12 @@ class Forker:
             elif isinstance(message, Discard):
                 if message.pid in self.children:
                     os.kill(message.pid, signal.SIGKILL)
+            elif isinstance(message, Park):
+                if message.pid in self.children:
+                    park(message.pid)
+            elif isinstance(message, Resume):
+                if message.pid in self.children:
+                    os.kill(message.pid, signal.SIGCONT)
             elif isinstance(message, Place):
                 self.control.send(State(state="RUNNING",
                                         description="Weights on cpu (every job's process shares them)."))
@@ -479,6 +494,57 @@ class Forker:
         finally:
             ours.close()
             os.close(log_r)
+
+
+def park(pid: int) -> None:
+    """Stop the job process ``pid`` between two jobs of its owner, or kill it.
+
+    Stopped, none of its threads runs (whatever its job left behind); a child
+    of its own would go on running, so a process with one is killed, as is one
+    that does not stop at once. Only its parent, this process, can be sure
+    ``pid`` is still that process: it has not reaped it.
+    """
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 0.5
+        while not stopped(pid):
+            if time.monotonic() > deadline:
+                raise OSError("did not stop")
+            time.sleep(0.001)
+        if any(children_of(pid)):
+            raise OSError("has a child")
+    except ProcessLookupError:
+        pass
+    except OSError:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def stopped(pid: int) -> bool:
+    """Every thread of ``pid`` is stopped (group stop reaches each in turn)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat", "rb") as file:
+                state = file.read().rsplit(b")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            continue  # a thread that ended meanwhile
+        if state not in (b"T", b"t"):
+            return False
+    return True
+
+
+def children_of(pid: int) -> list[str]:
+    """The children of every thread of ``pid`` (an orphan of its PID namespace is reparented to it)."""
+    found: list[str] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as file:
+                found += file.read().split()
+        except FileNotFoundError:
+            continue
+    return found
 
 
 def serve_in_process(control: Channel, model: Any, runner: Runner, guard: Optional[ModelGuard]) -> None:

@@ -132,10 +132,15 @@ def guard_module_attributes(user_builtins: dict[str, Any]) -> int:
 class ModelGuard:
     """Snapshot a loaded model and its surroundings; undo what each job changes."""
 
-    def __init__(self, model: Any, persistent_objects: dict[str, Any], *, read_only_weights: bool = True) -> None:
+    def __init__(self, model: Any, persistent_objects: dict[str, Any], *, read_only_weights: bool = True,
+                 weights_sealed: bool = False) -> None:
+        """``weights_sealed``: the weights already lie in read-only memory (a job's
+        process of the fork or mapped design): they are neither moved nor
+        fingerprinted, as no write can reach them."""
         self.model = model
         self.persistent_objects = persistent_objects
-        self.read_only_weights = read_only_weights
+        self.read_only_weights = read_only_weights and not weights_sealed
+        self.weights_sealed = weights_sealed
         self.image: Optional[WeightImage] = None
         self.rebaseline()
 
@@ -162,7 +167,7 @@ class ModelGuard:
         ]
         self.seal: Optional[WeightSeal] = None
         self.fingerprints: list[tuple[str, Any, int]] = []
-        if self.image is None:
+        if self.image is None and not self.weights_sealed:
             named, seen = [], set()
             for owner, kind, name, tensor, _, _ in self.tensors:
                 if kind == "_parameters" and id(tensor) not in seen:
@@ -204,6 +209,15 @@ class ModelGuard:
             for owner, label in self._library_owners()
             if not isinstance(owner, _GuardedModule)
         ]
+        self.adopt()
+
+    def adopt(self) -> None:
+        """Take again what belongs to the process: its state, threads and children.
+
+        A job's process forked from the one that took the snapshot (the host
+        of the fork design) shares the model's snapshot, but sets its own
+        threads and torch's thread count up after the fork.
+        """
         self.state = process_state()
         self.threads = threading.active_count()
         self.children = child_processes()

@@ -1,4 +1,4 @@
-"""One job's process: forked ahead of time, contained, runs one job, exits.
+"""One job's process: forked ahead of time, contained, runs one user's jobs, exits.
 
 The host (`host`, the fork design) or the template (`template`, the mapped
 design) forks this process before any job is waiting for it, so the fork and
@@ -15,18 +15,23 @@ before anything of a job has been read, it:
    binds the host's weights into its copy of the model's tree
    (`mapped_weights`) half-way, once its own ``/proc`` is mounted (a GPU's
    driver starts nowhere else) and before its limits and identity;
-3. says it is ready (`messages.Ready`) and waits for exactly one job
+3. says it is ready (`messages.Ready`) and waits for its job
    (`messages.Run`), warming up first if the replica says so (`messages.Warm`:
    its running job has ended, and no other waits).
 
 Then it runs that job with the `Runner` (the Python layer as before), reports
-RUNNING, LOG and one final event, and exits; the replica kills what is left.
-The model it sees is the host's, copy-on-write: whatever the job changes dies
-with this process. A cheap comparison of torch's global state says in the
-final message what the job changed, so the user knows it had no effect on
-anyone else.
+RUNNING, LOG and one final event. The model it sees is the host's,
+copy-on-write, with the weights in read-only memory. A cheap comparison of
+torch's global state says in the final message what the job changed.
 
-It never receives a second job and never learns anything of another job.
+If the replica said it may stay (``Run.stay``: the job's owner may send more,
+`replicas.slots`), it puts back what the job changed on the model once the
+result is out (`integrity.ModelGuard`, its snapshot taken before any job),
+says it is ready again, and is parked (stopped) until that same user's next
+job; if the job changed what cannot be put back, it exits instead. Otherwise
+it exits, and the replica kills what is left.
+
+It never runs another user's job and never learns anything of another user's.
 """
 
 from __future__ import annotations
@@ -44,9 +49,10 @@ from typing import TYPE_CHECKING, Any, Optional
 from .channel import Channel
 from .events import JobEvent, JobSpec, cut_description
 from .handoff import receive_job
-from .messages import TO_SPARE, Event, Ready, Run
+from .messages import TO_SPARE, Event, Ready, Warm
 
 if TYPE_CHECKING:
+    from .integrity import ModelGuard
     from .policy import WorkerPolicy
     from .runner import Runner
     from .worker import WorkerOptions
@@ -109,26 +115,32 @@ def live(
         from .memory_meter import prepare
 
         prepare()  # its thread started now, not on the job's path
+        guard = _owner_guard(runner, options)
         channel.send(Ready(containment=report.to_dict()))
         while True:
             message, fds = TO_SPARE.receive(channel)
             if message is None:
                 os._exit(0)
-            if isinstance(message, Run):
+            if isinstance(message, Warm):
+                # The replica's job has ended, and none waited for us when we
+                # were asked for. One may have come since: it goes first.
+                if not select.select([channel.sock], [], [], 0)[0]:
+                    _warm_up(runner)
+                continue
+            spec = receive_job(message, fds)
+            if policy.test_hooks:
+                try:
+                    _run_test_hook(spec, channel, runner)
+                except Exception:
+                    channel.send(Event(job_id=spec.job_id, status="ERROR",
+                                       description="test hook: " + traceback.format_exc()[-8000:]))
+                    os._exit(0)
+            run_one(spec, runner, channel)
+            if not (message.stay and _as_found(guard)):
                 break
-            # Warm: the replica's job has ended, and none waited for us when we
-            # were asked for. One may have come since: it goes first.
-            if not select.select([channel.sock], [], [], 0)[0]:
-                _warm_up(runner)
-        spec = receive_job(message, fds)
-        if policy.test_hooks:
-            try:
-                _run_test_hook(spec, channel, runner)
-            except Exception:
-                channel.send(Event(job_id=spec.job_id, status="ERROR",
-                                   description="test hook: " + traceback.format_exc()[-8000:]))
-                os._exit(0)
-        run_one(spec, runner, channel)
+            # Its owner's next job may come here: say so, and be parked
+            # (stopped) by the host until it does.
+            channel.send(Ready())
         _step_aside()
     except BaseException:
         status = 3
@@ -138,6 +150,46 @@ def live(
             pass
     finally:
         os._exit(status)
+
+
+def _owner_guard(runner: Runner, options: WorkerOptions) -> Optional[ModelGuard]:
+    """The guard that lets this process run its owner's next job, or None if it runs one.
+
+    The fork design's host took the model's snapshot before forking us; the
+    mapped design's template has no weights to snapshot, so the snapshot is
+    taken here, once they are bound. Either way what is this process's own
+    (its threads, torch's thread count) is taken now, as the job will find it.
+    """
+    if options.jobs_per_process <= 1 or runner.unpickler is None:
+        return None
+    from .integrity import ModelGuard
+
+    guard = runner.owner_guard
+    if guard is None:
+        guard = ModelGuard(runner.model, runner.persistent_objects, weights_sealed=True)
+    guard.adopt()
+    return guard
+
+
+def _as_found(guard: Optional[ModelGuard]) -> bool:
+    """After a job's result is out: put back what it changed; False if that cannot be done.
+
+    Runs in the job's own process, after the job's code: it keeps an honest
+    user's next request as a fresh process would find the model. What it
+    cannot check is what beaten Python hides, and that reaches only the same
+    user's later jobs: another user's never run here (`replicas.slots`), and
+    nothing runs while parked (`messages.Park`).
+    """
+    if guard is None:
+        return False
+    import gc
+
+    try:
+        report = guard.restore()
+    except Exception:
+        return False
+    gc.collect()
+    return not report.fatal
 
 
 def _step_aside() -> None:
@@ -228,7 +280,7 @@ def run_one(spec: JobSpec, runner: Runner, channel: Channel) -> None:
     if changes:
         notice = (
             f" Your request changed state shared by its process ({', '.join(changes[:4])}); "
-            "that process ends with your request, so no other request sees the change."
+            "no other user's request sees the change, and your next one starts without it."
         )
     _flush_output()
     for event in final[:1]:

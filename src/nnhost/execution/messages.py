@@ -118,6 +118,26 @@ class Discard(Message):
     pid: int
 
 
+class Park(Message):
+    """Stop the job process ``pid`` (SIGSTOP) between two jobs of its owner; kill it if it has a child.
+
+    It ran one user's job and waits for that user's next (`replicas.slots`).
+    Stopped, nothing it left behind (a thread its job started) runs while no
+    job of that user does; a child of its own would not be stopped with it,
+    so one that has a child is killed instead.
+    """
+
+    type: Literal["park"] = "park"
+    pid: int
+
+
+class Resume(Message):
+    """Let the parked job process ``pid`` run again (SIGCONT): its owner's next job is on its channel."""
+
+    type: Literal["resume"] = "resume"
+    pid: int
+
+
 class Place(Message):
     """Move the weights to ``device`` (HOT on the model's device, WARM on the CPU)."""
 
@@ -171,7 +191,7 @@ class Exit(Message):
 
 
 class Run(Message):
-    """The one job of a job's process (or the next of a reusable slot).
+    """The job of a job's process (the next of its owner's, or of a reusable slot).
 
     Descriptors: the payload, the result file and any adapter files, in that
     order; the paths in ``job`` are blank and its descriptors -1 (`handoff`).
@@ -179,6 +199,9 @@ class Run(Message):
 
     type: Literal["run"] = "run"
     job: _Job
+    #: After this job, the process may wait for its owner's next one (`Ready`)
+    #: instead of exiting, if the job left the model as it found it.
+    stay: bool = False
 
 
 class Warm(Message):
@@ -193,7 +216,10 @@ class Warm(Message):
 
 
 class Ready(Message):
-    """A job's process is contained and waits for its job; ``containment``: its layers."""
+    """A job's process is contained and waits for its job; ``containment``: its layers.
+
+    Also sent after a job told to ``stay`` (`Run`): it waits for its owner's next.
+    """
 
     type: Literal["ready"] = "ready"
     containment: Optional[dict[str, Any]] = None
@@ -316,8 +342,8 @@ def _refusal(kind: str, error: ValidationError) -> str:
 
 
 #: What a host reads from the replica (a template, from its host): its set-up, then commands.
-ToHost = Union[Prepare, Options, Weights, Fork, Discard, Place, Stop]
-TO_HOST: Kinds[ToHost] = Kinds(Prepare, Options, Weights, Fork, Discard, Place, Stop)
+ToHost = Union[Prepare, Options, Weights, Fork, Discard, Park, Resume, Place, Stop]
+TO_HOST: Kinds[ToHost] = Kinds(Prepare, Options, Weights, Fork, Discard, Park, Resume, Place, Stop)
 #: What the replica reads from its host (the host, from its template).
 FromHost = Union[State, Slot, Exit]
 FROM_HOST: Kinds[FromHost] = Kinds(State, Slot, Exit)

@@ -123,6 +123,10 @@ class Runner:
         self.unpickler = unpickler
         #: Undoes what a job changed on the shared model (`integrity.ModelGuard`).
         self.guard: Optional[ModelGuard] = None
+        #: The fork design's snapshot, taken in the host before any fork, with
+        #: which a job's process puts the model back between two jobs of its
+        #: owner, after each result is out (`job_process`); None elsewhere.
+        self.owner_guard: Optional[ModelGuard] = None
         #: This process runs one job and exits (a job's own process sets it after the fork).
         self.sole_job = False
         self.persistent_objects = model._remoteable_persistent_objects()

@@ -28,6 +28,9 @@ class WorkerOptions:
     #: Jobs its replica runs at once, each in its own process (the fork and
     #: mapped designs; one process for every job runs one at a time).
     jobs_at_once: int = 1
+    #: Jobs of one user one job process may run, one after another, before it
+    #: exits (1: a fresh process for every job).
+    jobs_per_process: int = 1
     #: Environment overrides applied before anything is imported.
     environ: dict[str, str] = field(default_factory=dict)
     #: Where the weights live once loaded: the model's device when HOT, "cpu" when WARM.

@@ -6,9 +6,10 @@ delivered to the callbacks it was built with. `LocalReplica` implements it on th
 machine with a host process (`execution.host`) that loads the model and never
 runs user code. In fork mode the host keeps one job process forked and
 contained ahead of time; `LocalReplica` hands each job to such a *slot* over
-the slot's own channel, together with the job's two open files, and the slot
-is killed when the job ends: no process runs a second job. (In trusted mode
-and on accelerators the host itself is one reusable slot.)
+the slot's own channel, together with the job's two open files. When the job
+ends the slot is killed, or parked for its owner's next job (`slots`): no
+process runs a second user's job. (In trusted mode and on accelerators the
+host itself is one reusable slot.)
 
 The slots are owned by a collaborator, `slots.JobProcesses`, which is given
 what it needs of its replica (`slots.ReplicaSide`: tell the host, kill it,
@@ -142,6 +143,7 @@ class LocalReplica:
             if self._groups is None and process_per_job:
                 self._groups = JobGroups(self.name)
             self.jobs.capacity = max(1, self.options.jobs_at_once) if process_per_job else 1
+            self.jobs.reuse = max(1, self.options.jobs_per_process) if process_per_job else 1
             self._spawn()
         if self._watchdog is None:
             self._watchdog = threading.Thread(target=self._watch, name=f"watchdog-{self.name}", daemon=True)
@@ -322,6 +324,7 @@ class LocalReplica:
                     if not self._stopping:
                         self._spawn()
                 self._check_start_deadline()
+                self.jobs.expire(time.monotonic())
                 for slot in list(self.jobs.running):
                     job = slot.job
                     if job is None or slot.kill_reason or job.time_limit <= 0:
@@ -373,7 +376,8 @@ class LocalReplica:
         if self._groups is None:
             report["mode"] = "one process for every job"
             return report
-        report["mode"] = "a fresh process per job"
+        report["mode"] = ("a fresh process per job" if self.jobs.reuse <= 1
+                          else f"a process per user, for up to {self.jobs.reuse} of their jobs")
         if job:
             for name in job.get("active", []):
                 if name not in report["active"]:

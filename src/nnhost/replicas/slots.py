@@ -1,14 +1,25 @@
 """The job processes of a replica: handing each its job, reading its channel and log pipe, ending it.
 
 `JobProcesses` is the collaborator of `replica.LocalReplica` that deals with
-*slots*: processes that run one job (or, in trusted mode and on accelerators,
-the host itself as one reusable slot). It owns them: which is ready, which
-runs the job, which are still awaited. It is given what it needs of its
-replica as a `ReplicaSide` (tell the host, kill it, report), never the
-replica's own state. Up to `JobProcesses.capacity` slots run a job at once,
-each in its own process (one, for the reusable slot). One thread per slot
-reads its channel and its stdout/stderr pipe; every message is checked (`job_watch`) before anything
+*slots*: processes that run one user's jobs (or, in trusted mode and on
+accelerators, the host itself as one reusable slot). It owns them: which is
+ready, which runs a job, which waits for its owner's next, which are still
+awaited. It is given what it needs of its replica as a `ReplicaSide` (tell
+the host, kill it, report), never the replica's own state. Up to
+`JobProcesses.capacity` slots run a job at once, each in its own process (one,
+for the reusable slot). One thread per slot reads its channel and its
+stdout/stderr pipe; every message is checked (`job_watch`) before anything
 reaches the server, and the slot is killed on anything unexpected.
+
+A job's process that ran a job may run the same user's next ones, up to
+`JobProcesses.reuse` in all: a user's loop of small traces then pays for a
+fork, a containment set-up and an exit once, not per request. Between two
+jobs it is *parked*: stopped by the host (`messages.Park`), so nothing its
+job left behind runs, and only a job of the same owner (`JobSpec.owner`)
+is ever handed to it; it is killed after `PARKED_SECONDS` unused, when
+`PARKED_PER_REPLICA` others are parked, or if it is not ready again within
+`SETTLE_SECONDS` of its result. Another user's job always gets a process
+that has run nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +37,7 @@ from ..execution.channel import BadMessage, Channel, close_all
 from ..execution.events import JobEvent, JobSpec, cut_description
 from ..execution.handoff import discard_result, send_job
 from ..execution.job_process import describe_exit
-from ..execution.messages import FROM_JOB, Discard, Fork, FromJob, Message, Ready, Warm
+from ..execution.messages import FROM_JOB, Discard, Fork, FromJob, Message, Park, Ready, Resume, Warm
 from ..execution.messages import Slot as SlotMessage
 from ..execution.worker import crash_hint
 from .incidents import Incident
@@ -39,10 +50,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nnhost.replica")
 
+#: A parked job's process unused this long is killed (seconds).
+PARKED_SECONDS = 60.0
+#: At most this many job processes of one replica wait for their owner's next job.
+PARKED_PER_REPLICA = 8
+#: A process told it may stay must be ready again this soon after its result (seconds).
+SETTLE_SECONDS = 2.0
+
 
 @dataclass(eq=False)
 class Slot:
-    """A process that runs (or will run) one job."""
+    """A process that runs (or will run) one user's jobs."""
 
     pid: int
     channel: Channel
@@ -59,6 +77,13 @@ class Slot:
     exit_code: Optional[int] = None
     out_of_memory: bool = False
     exited: threading.Event = field(default_factory=threading.Event)
+    #: Whose jobs it runs (`JobSpec.owner`), once it has run one; how many it ran.
+    owner: str = ""
+    jobs_run: int = 0
+    #: Its job was sent with ``stay``: after the result, it says ready again or goes.
+    staying: bool = False
+    #: When its last job ended (settling) or it was parked.
+    since: float = 0.0
 
 
 
@@ -115,8 +140,14 @@ class JobProcesses:
         #: The slot that is ready for the next job, and those running one, oldest first.
         self.spare: Optional[Slot] = None
         self.running: list[Slot] = []
+        #: Processes that ran a job and may run their owner's next: settling (not
+        #: ready again yet) and parked (stopped, ready), oldest first.
+        self.settling: list[Slot] = []
+        self.parked: list[Slot] = []
         #: How many jobs may run at once (the replica sets it: one for a reusable slot).
         self.capacity = 1
+        #: How many jobs of one user a job's process may run (the replica sets it).
+        self.reuse = 1
         #: Job processes of this host that died before their first job, in a row.
         self.early_deaths = 0
         #: When a job process was asked for that is not ready yet (None: none is awaited).
@@ -143,33 +174,81 @@ class JobProcesses:
         self._replica.send_control(Fork(memory_cgroup=bool(groups and groups.available), warm=warm))
 
     def submit(self, spec: JobSpec, more_waiting: bool = False) -> None:
-        """Hand ``spec`` to the spare slot (the caller holds the lock and checked there is one).
+        """Hand ``spec`` to its owner's parked process, or else to the spare slot.
 
+        The caller holds the lock and checked there is a spare.
         ``more_waiting``: other jobs wait for this replica, so the next job
         process goes without a warm-up. Otherwise it warms up once this job
         has ended (`messages.Warm`), not beside it (see `job_process.live`).
         """
-        slot = self.spare
-        assert slot is not None  # LocalReplica.submit checked
-        self.spare = None
+        slot = self._parked_for(spec.owner)
+        fresh = slot is None
+        if slot is None:
+            slot = self.spare
+            assert slot is not None  # LocalReplica.submit checked
+            self.spare = None
+        else:
+            self._replica.send_control(Resume(pid=slot.pid))
         slot.job, slot.watch = spec, JobWatch(spec)
         slot.lines = LogLines(spec.max_log_lines)
         slot.started = time.monotonic()
+        slot.owner = spec.owner
+        slot.jobs_run += 1
+        # An adapter changes the model's modules for its job: that process goes.
+        slot.staying = (not slot.reusable and bool(spec.owner) and not spec.adapter_path
+                        and slot.jobs_run < self.reuse)
         self.running.append(slot)
         try:
             # The job's files travel as open descriptors: a contained
             # process cannot see the data directory (execution.handoff).
-            send_job(slot.channel, spec)
+            send_job(slot.channel, spec, stay=slot.staying)
         except Exception as error:
             # The slot died just now, the job's files are not there, or the
             # job does not fit the channel: whatever it is, it fails this job
             # (its reader reports the reason), never the replica.
             self.kill(slot, f"The server could not hand your request to its process ({error}).")
-        if not slot.reusable:
+        if not slot.reusable and fresh:
             # A warm-up costs a whole request's CPU: it pays only while no job
             # waits for the process it prepares, and only once this job is done.
             self.warm_spare = not more_waiting
             self.request_fork(warm=False)
+
+    def _parked_for(self, owner: str) -> Optional[Slot]:
+        """Take the parked process of ``owner``, the most recently used, if there is one (lock held)."""
+        if not owner:
+            return None
+        for slot in reversed(self.parked):
+            if slot.owner == owner:
+                self.parked.remove(slot)
+                return slot
+        return None
+
+    def expire(self, now: float) -> None:
+        """Kill what waits too long: parked unused, or not ready again after its job (lock held)."""
+        for slot in [s for s in self.parked if now - s.since > PARKED_SECONDS]:
+            self.parked.remove(slot)
+            self.kill(slot, None)
+        for slot in [s for s in self.settling if now - s.since > SETTLE_SECONDS]:
+            self.settling.remove(slot)
+            self.kill(slot, None)
+
+    def _settled(self, slot: Slot) -> None:
+        """``slot`` said it is ready after its job: park it for its owner, or end it."""
+        with self._lock:
+            if slot not in self.settling:
+                return  # killed meanwhile (expired, or its replica stops)
+            self.settling.remove(slot)
+            slot.job = slot.watch = slot.lines = None
+            slot.staying = False
+            if self._replica.stopping or slot.generation != self._replica.generation:
+                self.kill(slot, None)
+                return
+            slot.since = time.monotonic()
+            self.parked.append(slot)
+            # Stopped before anything else is said to the host: a Resume follows it.
+            self._replica.send_control(Park(pid=slot.pid))
+            while len(self.parked) > PARKED_PER_REPLICA:
+                self.kill(self.parked.pop(0), None)
 
     def add(self, message: SlotMessage, fds: list[int], generation: int) -> None:
         """A slot the host made (descriptors: its channel, its log pipe); its reader starts."""
@@ -218,6 +297,7 @@ class JobProcesses:
         self.spare = None
         self.warm_spare = False  # the next host's first process warms up before it is ready, or not at all
         running, self.running = self.running, []
+        self.settling, self.parked = [], []
         for slot in slots:
             slot.kill_reason = slot.kill_reason or reason
             slot.exited.set()
@@ -264,6 +344,13 @@ class JobProcesses:
 
     def _slot_message(self, slot: Slot, message: FromJob, pending: list[str]) -> bool:
         """Handle one message; False once the slot is done with."""
+        if slot.staying and slot.watch is not None and slot.watch.finished:
+            # After its job, one that may stay says only that it is ready again.
+            if not isinstance(message, Ready):
+                self.kill(slot, None)
+                return False
+            self._settled(slot)
+            return True
         if slot.job is None or (slot.reusable and slot.watch is not None and slot.watch.finished):
             # Before its job the process has run no user code: "ready" is the only
             # message it may send, once (a reusable slot: once after each job).
@@ -314,11 +401,13 @@ class JobProcesses:
                 self._release(slot)
             self._on_job_event(checked)
             self._job_done(slot)
-            return slot.reusable
+            return slot.reusable or slot.staying
         self._on_job_event(checked)
         return True
 
     def _log_bytes(self, slot: Slot, data: bytes, pending: list[str], draining: bool = False) -> None:
+        if slot.jobs_run and (slot.job is None or slot.lines is None):
+            return  # between two of its owner's jobs: theirs, and nobody's job now
         if slot.job is None or slot.lines is None:
             # Output of our own set-up, before any job: the server's business.
             text = data.decode("utf-8", "replace").strip()
@@ -359,7 +448,10 @@ class JobProcesses:
     def _job_done(self, slot: Slot) -> None:
         with self._lock:
             self._release(slot)
-            if not slot.reusable:
+            if slot.staying and not self._replica.stopping:
+                slot.since = time.monotonic()
+                self.settling.append(slot)
+            elif not slot.reusable:
                 self.kill(slot, None)
             self._warm_the_spare()
         self._on_idle()
@@ -406,6 +498,9 @@ class JobProcesses:
             was_spare = self.spare is slot
             if was_spare:
                 self.spare = None
+            for waiting in (self.settling, self.parked):
+                if slot in waiting:
+                    waiting.remove(slot)
         if slot.job is not None and slot.watch is not None and not slot.watch.finished:
             slot.watch.finished = True
             slot.exited.wait(2.0)

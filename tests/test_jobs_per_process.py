@@ -1,0 +1,180 @@
+"""A job's process may run its owner's next jobs, and never another user's (issue 23).
+
+Each job in a fresh process paid a fork of the host, the containment set-up
+and an exit per request, which on two cores halved the jobs per second of a
+user's loop of small traces. A process that ran a job may now wait, stopped,
+for the same user's next one (`replicas.slots`, ``jobs_per_process``). These
+unit tests drive the slot bookkeeping with fake job processes: who gets which
+process, what the host is told, and when a waiting process is ended. What
+the kernel stops, and that another user never meets what a job left, is
+shown with beaten Python against a real server in
+`tests/security/test_isolation.py` (``TestTheSameUsersNextJob``).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+from fakes import BareReplicaSide
+
+from nnhost.execution.channel import Channel
+from nnhost.execution.events import JobSpec
+from nnhost.execution.messages import TO_SPARE, Discard, Event, Park, Ready, Resume, Run
+from nnhost.execution.policy import WorkerPolicy
+from nnhost.models.adapters import ADAPTER_FILES
+from nnhost.replicas import slots
+from nnhost.replicas.slots import JobProcesses, Slot
+
+pytestmark = pytest.mark.unit
+
+
+class _Process:
+    """One fake job process: the replica's end of its channel, and ours."""
+
+    def __init__(self, jobs: JobProcesses, pid: int) -> None:
+        ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.slot = Slot(pid=pid, channel=Channel(ours), generation=1)
+        jobs.slots[pid] = self.slot
+        assert jobs._slot_message(self.slot, Ready(), [])  # it becomes the spare
+
+    def told(self) -> list[object]:
+        self.theirs.setblocking(False)
+        heard, channel = [], Channel(self.theirs)
+        try:
+            while True:
+                message, fds = TO_SPARE.receive(channel)
+                for fd in fds:
+                    socket.close(fd)
+                heard.append(message)
+        except BlockingIOError:
+            return heard
+
+    def close(self) -> None:
+        self.slot.channel.close()
+        self.theirs.close()
+
+
+@pytest.fixture
+def made(tmp_path):
+    """Replica-side job processes that may run 3 jobs of one user each, and what they told the host."""
+    side = BareReplicaSide()
+    jobs = JobProcesses("org/a", WorkerPolicy(), threading.RLock(), side,
+                        on_job_event=lambda event: None, on_idle=lambda: None, on_incident=lambda kind: None)
+    jobs.capacity, jobs.reuse = 2, 3
+    processes: list[_Process] = []
+
+    def process(pid: int) -> _Process:
+        processes.append(_Process(jobs, pid))
+        return processes[-1]
+
+    yield jobs, side, process
+    for each in processes:
+        each.close()
+
+
+def _spec(tmp_path, n: int, owner: str) -> JobSpec:
+    (tmp_path / f"payload-{n}").write_bytes(b"x")
+    return JobSpec(f"{n:032d}", str(tmp_path / f"payload-{n}"), False, result_path=str(tmp_path / f"result-{n}"),
+                   owner=owner)
+
+
+def _finish(jobs: JobProcesses, process: _Process, spec: JobSpec) -> None:
+    assert jobs._slot_message(process.slot, Event(job_id=spec.job_id, status="RUNNING", description="r"), [])
+    jobs._slot_message(process.slot, Event(job_id=spec.job_id, status="ERROR", description="e"), [])
+
+
+def _runs(process: _Process) -> list[tuple[str, bool]]:
+    return [(m.job.job_id, m.stay) for m in process.told() if isinstance(m, Run)]
+
+
+def test_the_owners_next_job_goes_to_her_parked_process_and_nobody_elses(made, tmp_path):
+    jobs, side, process = made
+    a = process(101)
+    first = _spec(tmp_path, 1, "alice")
+    jobs.submit(first)
+    assert _runs(a) == [(first.job_id, True)]  # she may send more: it may stay
+    _finish(jobs, a, first)
+    assert jobs.settling == [a.slot] and not jobs.running
+    assert jobs._slot_message(a.slot, Ready(), [])  # it put the model back: ready again
+    assert jobs.parked == [a.slot] and side.sent[-1] == Park(pid=101)
+
+    # Bob's job gets the spare, a process that has run nothing.
+    b = process(102)
+    bobs = _spec(tmp_path, 2, "bob")
+    jobs.submit(bobs)
+    assert _runs(b) == [(bobs.job_id, True)] and jobs.parked == [a.slot]
+    # Alice's next: her own process, resumed; the spare is not used (none asked for).
+    c = process(103)
+    asked = len([m for m in side.sent if not isinstance(m, (Park, Resume))])
+    second = _spec(tmp_path, 3, "alice")
+    jobs.submit(second)
+    assert side.sent[-1] == Resume(pid=101) and _runs(a) == [(second.job_id, True)]
+    assert jobs.spare is c.slot and _runs(c) == []
+    assert len([m for m in side.sent if not isinstance(m, (Park, Resume))]) == asked
+
+    # Her third job is the last this process may run: it ends with it.
+    _finish(jobs, a, second)
+    assert jobs._slot_message(a.slot, Ready(), [])
+    third = _spec(tmp_path, 4, "alice")
+    jobs.submit(third)
+    assert _runs(a) == [(third.job_id, False)]
+    _finish(jobs, a, third)
+    assert side.sent[-1] == Discard(pid=101) and a.slot not in jobs.parked + jobs.settling
+
+
+def test_a_job_without_an_owner_or_with_an_adapter_and_one_job_per_process_never_stay(made, tmp_path):
+    jobs, side, process = made
+    adapter_dir = tmp_path / "adapter"
+    adapter_dir.mkdir()
+    for name in ADAPTER_FILES:
+        (adapter_dir / name).write_bytes(b"{}")
+    for n, (owner, adapter) in enumerate([("", ""), ("carol", str(adapter_dir))]):
+        p = process(200 + n)
+        spec = _spec(tmp_path, 10 + n, owner)
+        spec.adapter_path = adapter
+        jobs.submit(spec)
+        assert _runs(p) == [(spec.job_id, False)]
+        _finish(jobs, p, spec)
+        assert side.sent[-1] == Discard(pid=200 + n)
+    jobs.reuse = 1
+    p = process(210)
+    spec = _spec(tmp_path, 20, "dave")
+    jobs.submit(spec)
+    assert _runs(p) == [(spec.job_id, False)]
+
+
+def test_after_its_job_anything_but_ready_ends_the_process(made, tmp_path):
+    jobs, side, process = made
+    a = process(301)
+    spec = _spec(tmp_path, 30, "erin")
+    jobs.submit(spec)
+    _finish(jobs, a, spec)
+    assert not jobs._slot_message(a.slot, Event(job_id=spec.job_id, status="LOG", description="x"), [])
+    assert side.sent[-1] == Discard(pid=301)
+
+
+def test_a_process_waits_only_so_long_and_only_so_many_wait(made, tmp_path, monkeypatch):
+    jobs, side, process = made
+    monkeypatch.setattr(slots, "PARKED_PER_REPLICA", 2)
+    parked = []
+    for n in range(3):
+        p = process(400 + n)
+        spec = _spec(tmp_path, 40 + n, f"user{n}")
+        jobs.submit(spec)
+        _finish(jobs, p, spec)
+        assert jobs._slot_message(p.slot, Ready(), [])
+        parked.append(p.slot)
+    # The third to wait pushed out the first.
+    assert jobs.parked == parked[1:] and Discard(pid=400) in side.sent
+    # One not ready again in time after its job, and the parked past their time, are ended.
+    late = process(410)
+    spec = _spec(tmp_path, 50, "user9")
+    jobs.submit(spec)
+    _finish(jobs, late, spec)
+    now = late.slot.since
+    jobs.expire(now + slots.SETTLE_SECONDS + 1)
+    assert Discard(pid=410) in side.sent and jobs.settling == [] and jobs.parked == parked[1:]
+    jobs.expire(parked[-1].since + slots.PARKED_SECONDS + 1)
+    assert jobs.parked == [] and {Discard(pid=401), Discard(pid=402)} <= set(side.sent)
