@@ -20,7 +20,7 @@ import multiprocessing
 import time
 import traceback
 import warnings
-from typing import Optional
+from typing import Optional, Sequence
 
 PROMPT = "The Eiffel Tower is in the city of"
 
@@ -50,14 +50,14 @@ def _client(connection, repo: str) -> None:
         order = connection.recv()
         if order is None:
             return
-        url, start_at, seconds, expected = order
+        url, start_at, seconds, expected, key = order
         done, error = 0, None
         try:
             while time.time() < start_at:
                 time.sleep(0.001)
             end = start_at + seconds
             while time.time() < end:
-                logits = _trace(model, RemoteBackend(model.to_model_key(), host=url))
+                logits = _trace(model, RemoteBackend(model.to_model_key(), host=url, api_key=key))
                 if time.time() > end:
                     break
                 if expected is not None and not _close(logits, expected):
@@ -99,14 +99,21 @@ class ClientPool:
             if kind != "ready":
                 raise RuntimeError(f"a client process failed to start:\n{detail}")
 
-    def rate(self, url: str, clients: int, seconds: float, expected=None) -> float:
-        """Jobs per second that ``clients`` processes complete against ``url`` in ``seconds``."""
+    def rate(self, url: str, clients: int, seconds: float, expected=None,
+             keys: Optional[Sequence[str]] = None) -> float:
+        """Jobs per second that ``clients`` processes complete against ``url`` in ``seconds``.
+
+        ``keys``: one API key per client (several users); None: the one the
+        client's configuration names, for all of them (one user).
+        """
         if clients > len(self._pipes):
             raise ValueError(f"the pool has {len(self._pipes)} clients, not {clients}")
+        if keys is not None and len(keys) < clients:
+            raise ValueError(f"{len(keys)} keys for {clients} clients")
         start_at = time.time() + 0.5
         chosen = self._pipes[:clients]
-        for pipe in chosen:
-            pipe.send((url, start_at, seconds, expected))
+        for n, pipe in enumerate(chosen):
+            pipe.send((url, start_at, seconds, expected, keys[n] if keys is not None else None))
         total, errors = 0, []
         for pipe in chosen:
             if not pipe.poll(seconds + 300):

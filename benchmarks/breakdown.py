@@ -396,17 +396,28 @@ def print_table(results: dict[str, list[dict[str, float]]], metas: dict[str, lis
 ROUNDS = 2
 
 
-def measure_throughput(urls: dict[str, str], counts: list[int], seconds: float,
-                       expected: Any) -> dict[str, dict[int, list[float]]]:
-    """Jobs per second of each server at each client count, ``ROUNDS`` rounds, servers alternating."""
+#: The throughput rows: one user whose clients all send (every client uses the
+#: same key), and as many users as clients (a key each, on the nnhost servers).
+ONE_USER, A_USER_EACH = "one user", "a user each"
+
+
+def measure_throughput(urls: dict[str, str], counts: list[int], seconds: float, expected: Any,
+                       keys: dict[str, list[str]]) -> dict[str, dict[int, list[float]]]:
+    """Jobs per second of each server at each client count, ``ROUNDS`` rounds, servers alternating.
+
+    Each server named in ``keys`` is also measured with a user per client
+    (rows named ``"<server>, a user each"``); the others with one user only.
+    """
     print(f"\nstarting {max(counts)} client processes ...", flush=True)
     pool = ClientPool(max(counts), REPO_ID)
-    rates: dict[str, dict[int, list[float]]] = {name: {count: [] for count in counts} for name in urls}
+    runs = [(name, url, None) for name, url in urls.items()]
+    runs += [(f"{name}, {A_USER_EACH}", urls[name], keys[name]) for name in urls if name in keys]
+    rates: dict[str, dict[int, list[float]]] = {name: {count: [] for count in counts} for name, _, _ in runs}
     try:
         for count in counts:
             for _ in range(ROUNDS):
-                for name, url in urls.items():
-                    rates[name][count].append(pool.rate(url, count, seconds, expected))
+                for name, url, each in runs:
+                    rates[name][count].append(pool.rate(url, count, seconds, expected, each))
     finally:
         pool.close()
     return rates
@@ -423,7 +434,8 @@ def print_throughput(rates: dict[str, dict[int, list[float]]]) -> None:
     counts = list(rates[names[0]])
     print()
     print(f"Throughput: real nnsight client processes back to back, jobs/s per round ({ROUNDS} rounds,"
-          " servers alternating), and the ratio of the rounds' means to the floor's:")
+          " servers alternating), and the ratio of the rounds' means to the floor's. A plain name: one"
+          f" user's clients (one key); \"{A_USER_EACH}\": a key per client, so no two share a job process:")
     width = max(len(name) for name in names)
     for count in counts:
         floor_mean = statistics.mean(rates["floor"][count])
@@ -512,7 +524,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print_row_spans(spans)
         rates: dict[str, dict[int, list[float]]] = {}
         if counts:
-            rates = measure_throughput(urls, counts, args.seconds, expected.detach())
+            keys = {design: server.user_keys(max(counts), "bench") for design, server in servers.items()}
+            rates = measure_throughput(urls, counts, args.seconds, expected.detach(), keys)
             print_throughput(rates)
         if args.json is not None:
             args.json.parent.mkdir(parents=True, exist_ok=True)

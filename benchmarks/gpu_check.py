@@ -577,11 +577,17 @@ def check_design(args: Any, execution: str, root: Path, url: str, port: int, hf_
                 check.record(f"{name}: refused", True, str(error).strip().splitlines()[-1][:120])
             still_serving(name)
         watchdog.step("uninitialised device memory")
-        e_fill_device_memory(remote_model, url)
+        # Another user fills it: one user's later jobs may run in the process
+        # that ran her earlier ones (`jobs_per_process`), another's never do.
+        nnsight.CONFIG.API.APIKEY = server.user_keys(1, "filler")[0]
+        try:
+            e_fill_device_memory(remote_model, url)
+        finally:
+            nnsight.CONFIG.API.APIKEY = API_KEY
         found = e_read_uninitialised_memory(remote_model, url)
         pattern, nonzero = sum(p for p, _ in found), sum(n for _, n in found)
-        check.record("uninitialised device memory never shows another job's values",
-                     pattern == 0, f"{pattern} elements of the other job's in {len(found)} allocations")
+        check.record("uninitialised device memory never shows another user's values",
+                     pattern == 0, f"{pattern} elements of the other user's in {len(found)} allocations")
         if args.device != "cpu":
             # Blank on an accelerator (its caching allocator keeps freed blocks); on
             # the CPU a job's own process has nothing of another's (`fresh_memory`).

@@ -98,7 +98,7 @@ def test_the_owners_next_job_goes_to_her_parked_process_and_nobody_elses(made, t
     _finish(jobs, a, first)
     assert jobs.settling == [a.slot] and not jobs.running
     assert jobs._slot_message(a.slot, Ready(), [])  # it put the model back: ready again
-    assert jobs.parked == [a.slot] and side.sent[-1] == Park(pid=101)
+    assert jobs.parked == [a.slot] and side.sent[-1] == Park(pid=101, most_bytes=slots.PARKED_BYTES)
 
     # Bob's job gets the spare, a process that has run nothing.
     b = process(102)

@@ -142,6 +142,22 @@ class ServerProcess:
         self._log.close()
         self.process = None
 
+    def user_keys(self, count: int, prefix: str = "user") -> list[str]:
+        """``count`` new users of this server (on its default SQLite database), a key each."""
+        from .auth.keys import KeyStore
+        from .db import connect
+
+        database = connect(self.data_dir / "nnhost.sqlite3")
+        try:
+            keys = KeyStore(database)
+            made = []
+            for _ in range(count):
+                email = f"{prefix}-{os.urandom(4).hex()}@example.org"
+                made.append(keys.create_key(keys.add_user(email), name=prefix))
+            return made
+        finally:
+            database.close()
+
     def __enter__(self) -> "ServerProcess":
         return self.start()
 

@@ -448,7 +448,7 @@ class Forker:
                     os.kill(message.pid, signal.SIGKILL)
             elif isinstance(message, Park):
                 if message.pid in self.children:
-                    park(message.pid)
+                    park(message.pid, message.most_bytes)
             elif isinstance(message, Resume):
                 if message.pid in self.children:
                     os.kill(message.pid, signal.SIGCONT)
@@ -496,13 +496,14 @@ class Forker:
             os.close(log_r)
 
 
-def park(pid: int) -> None:
+def park(pid: int, most_bytes: int) -> None:
     """Stop the job process ``pid`` between two jobs of its owner, or kill it.
 
     Stopped, none of its threads runs (whatever its job left behind); a child
     of its own would go on running, so a process with one is killed, as is one
-    that does not stop at once. Only its parent, this process, can be sure
-    ``pid`` is still that process: it has not reaped it.
+    that does not stop at once, or that keeps more than ``most_bytes`` of
+    memory of its own while it waits. Only its parent, this process, can be
+    sure ``pid`` is still that process: it has not reaped it.
     """
     try:
         os.kill(pid, signal.SIGSTOP)
@@ -513,6 +514,8 @@ def park(pid: int) -> None:
             time.sleep(0.001)
         if any(children_of(pid)):
             raise OSError("has a child")
+        if private_bytes(pid) > most_bytes:
+            raise OSError("keeps too much memory")
     except ProcessLookupError:
         pass
     except OSError:
@@ -520,6 +523,16 @@ def park(pid: int) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def private_bytes(pid: int) -> int:
+    """The memory only ``pid`` maps (what the host shares with it, copy-on-write, not counted)."""
+    total = 0
+    with open(f"/proc/{pid}/smaps_rollup") as file:
+        for line in file:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(line.split()[1]) * 1024
+    return total
 
 
 def stopped(pid: int) -> bool:

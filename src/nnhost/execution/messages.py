@@ -119,16 +119,18 @@ class Discard(Message):
 
 
 class Park(Message):
-    """Stop the job process ``pid`` (SIGSTOP) between two jobs of its owner; kill it if it has a child.
+    """Stop the job process ``pid`` (SIGSTOP) between two jobs of its owner, or kill it.
 
     It ran one user's job and waits for that user's next (`replicas.slots`).
     Stopped, nothing it left behind (a thread its job started) runs while no
     job of that user does; a child of its own would not be stopped with it,
-    so one that has a child is killed instead.
+    so one that has a child is killed instead, as is one that keeps more than
+    ``most_bytes`` of memory of its own.
     """
 
     type: Literal["park"] = "park"
     pid: int
+    most_bytes: int
 
 
 class Resume(Message):

@@ -17,9 +17,10 @@ fork, a containment set-up and an exit once, not per request. Between two
 jobs it is *parked*: stopped by the host (`messages.Park`), so nothing its
 job left behind runs, and only a job of the same owner (`JobSpec.owner`)
 is ever handed to it; it is killed after `PARKED_SECONDS` unused, when
-`PARKED_PER_REPLICA` others are parked, or if it is not ready again within
-`SETTLE_SECONDS` of its result. Another user's job always gets a process
-that has run nothing.
+`PARKED_PER_REPLICA` others are parked, if it is not ready again within
+`SETTLE_SECONDS` of its result, or if it keeps more than `PARKED_BYTES` of
+memory of its own. Another user's job always gets a process that has run
+nothing.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ PARKED_SECONDS = 60.0
 PARKED_PER_REPLICA = 8
 #: A process told it may stay must be ready again this soon after its result (seconds).
 SETTLE_SECONDS = 2.0
+#: A process that keeps more memory of its own than this after its job is not kept.
+PARKED_BYTES = 256 << 20
 
 
 @dataclass(eq=False)
@@ -246,7 +249,7 @@ class JobProcesses:
             slot.since = time.monotonic()
             self.parked.append(slot)
             # Stopped before anything else is said to the host: a Resume follows it.
-            self._replica.send_control(Park(pid=slot.pid))
+            self._replica.send_control(Park(pid=slot.pid, most_bytes=PARKED_BYTES))
             while len(self.parked) > PARKED_PER_REPLICA:
                 self.kill(self.parked.pop(0), None)
 
