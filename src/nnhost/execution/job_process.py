@@ -188,15 +188,10 @@ def _as_found(guard: Optional[ModelGuard]) -> bool:
         report = guard.restore()
     except Exception:
         return False
+    # What the job freed stays in this process's heap for its next job (handing
+    # it back to the kernel made that job fault it in again, on its path); the
+    # host kills a process that keeps too much (`host.park`).
     gc.collect()
-    try:
-        # What the job freed goes back to the kernel: a process that waits
-        # keeps little of its own (the host checks, `host.park`).
-        import ctypes
-
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
     return not report.fatal
 
 

@@ -54,7 +54,7 @@ log = logging.getLogger("nnhost.replica")
 #: A parked job's process unused this long is killed (seconds).
 PARKED_SECONDS = 60.0
 #: At most this many job processes of one replica wait for their owner's next job.
-PARKED_PER_REPLICA = 8
+PARKED_PER_REPLICA = 32
 #: A process told it may stay must be ready again this soon after its result (seconds).
 SETTLE_SECONDS = 2.0
 #: A process that keeps more memory of its own than this after its job is not kept.
