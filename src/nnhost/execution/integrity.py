@@ -1,9 +1,12 @@
 """Keeping the shared model as it was, from one request to the next, where one process serves many.
 
-With a fresh process per job (a contained model on the CPU, see `host`) the
-guard is not used: nothing a job changes outlives its process, and
-`process_state.shared_state` only lets the final message say what it changed. The guard
-serves the processes that run many jobs: trusted mode and accelerators.
+The guard serves the processes that run many jobs: trusted mode and
+accelerators (every user's jobs, one after another, in the host), and a
+contained job's process that runs its owner's next jobs (`job_process`,
+``jobs_per_process``), where it keeps an honest user's next request as a
+fresh process would find the model; there the weights are already sealed
+(``weights_sealed``), and what the guard cannot undo ends the process.
+`process_state.shared_state` lets a job's final message say what it changed.
 
 Every request runs against the same loaded model, so whatever one request
 changes the next one would inherit: a weight zeroed in place, a parameter
