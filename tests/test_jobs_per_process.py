@@ -3,7 +3,7 @@
 Each job in a fresh process paid a fork of the host, the containment set-up
 and an exit per request, which on two cores halved the jobs per second of a
 user's loop of small traces. A process that ran a job may now wait, stopped,
-for the same user's next one (`replicas.slots`, ``jobs_per_process``). These
+for the same user's next one (`replicas.parking`, ``jobs_per_process``). These
 unit tests drive the slot bookkeeping with fake job processes: who gets which
 process, what the host is told, and when a waiting process is ended. What
 the kernel stops, and that another user never meets what a job left, is
@@ -24,7 +24,7 @@ from nnhost.execution.events import JobSpec
 from nnhost.execution.messages import TO_SPARE, Discard, Event, Park, Ready, Resume, Run
 from nnhost.execution.policy import WorkerPolicy
 from nnhost.models.adapters import ADAPTER_FILES
-from nnhost.replicas import slots
+from nnhost.replicas import parking
 from nnhost.replicas.slots import JobProcesses, Slot
 
 pytestmark = pytest.mark.unit
@@ -96,15 +96,15 @@ def test_the_owners_next_job_goes_to_her_parked_process_and_nobody_elses(made, t
     jobs.submit(first)
     assert _runs(a) == [(first.job_id, True)]  # she may send more: it may stay
     _finish(jobs, a, first)
-    assert jobs.settling == [a.slot] and not jobs.running
+    assert jobs.parking.settling == [a.slot] and not jobs.running
     assert jobs._slot_message(a.slot, Ready(), [])  # it put the model back: ready again
-    assert jobs.parked == [a.slot] and side.sent[-1] == Park(pid=101, most_bytes=slots.PARKED_BYTES)
+    assert jobs.parking.parked == [a.slot] and side.sent[-1] == Park(pid=101, most_bytes=parking.PARKED_BYTES)
 
     # Bob's job gets the spare, a process that has run nothing.
     b = process(102)
     bobs = _spec(tmp_path, 2, "bob")
     jobs.submit(bobs)
-    assert _runs(b) == [(bobs.job_id, True)] and jobs.parked == [a.slot]
+    assert _runs(b) == [(bobs.job_id, True)] and jobs.parking.parked == [a.slot]
     # Alice's next: her own process, resumed; the spare is not used (none asked for).
     c = process(103)
     asked = len([m for m in side.sent if not isinstance(m, (Park, Resume))])
@@ -121,7 +121,7 @@ def test_the_owners_next_job_goes_to_her_parked_process_and_nobody_elses(made, t
     jobs.submit(third)
     assert _runs(a) == [(third.job_id, False)]
     _finish(jobs, a, third)
-    assert side.sent[-1] == Discard(pid=101) and a.slot not in jobs.parked + jobs.settling
+    assert side.sent[-1] == Discard(pid=101) and a.slot not in jobs.parking.parked + jobs.parking.settling
 
 
 def test_a_job_without_an_owner_or_with_an_adapter_and_one_job_per_process_never_stay(made, tmp_path):
@@ -157,7 +157,7 @@ def test_after_its_job_anything_but_ready_ends_the_process(made, tmp_path):
 
 def test_a_process_waits_only_so_long_and_only_so_many_wait(made, tmp_path, monkeypatch):
     jobs, side, process = made
-    monkeypatch.setattr(slots, "PARKED_PER_REPLICA", 2)
+    monkeypatch.setattr(parking, "PARKED_PER_REPLICA", 2)
     parked = []
     for n in range(3):
         p = process(400 + n)
@@ -167,14 +167,14 @@ def test_a_process_waits_only_so_long_and_only_so_many_wait(made, tmp_path, monk
         assert jobs._slot_message(p.slot, Ready(), [])
         parked.append(p.slot)
     # The third to wait pushed out the first.
-    assert jobs.parked == parked[1:] and Discard(pid=400) in side.sent
+    assert jobs.parking.parked == parked[1:] and Discard(pid=400) in side.sent
     # One not ready again in time after its job, and the parked past their time, are ended.
     late = process(410)
     spec = _spec(tmp_path, 50, "user9")
     jobs.submit(spec)
     _finish(jobs, late, spec)
     now = late.slot.since
-    jobs.expire(now + slots.SETTLE_SECONDS + 1)
-    assert Discard(pid=410) in side.sent and jobs.settling == [] and jobs.parked == parked[1:]
-    jobs.expire(parked[-1].since + slots.PARKED_SECONDS + 1)
-    assert jobs.parked == [] and {Discard(pid=401), Discard(pid=402)} <= set(side.sent)
+    jobs.expire(now + parking.SETTLE_SECONDS + 1)
+    assert Discard(pid=410) in side.sent and jobs.parking.settling == [] and jobs.parking.parked == parked[1:]
+    jobs.expire(parked[-1].since + parking.PARKED_SECONDS + 1)
+    assert jobs.parking.parked == [] and {Discard(pid=401), Discard(pid=402)} <= set(side.sent)

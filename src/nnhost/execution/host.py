@@ -73,6 +73,7 @@ from .messages import (
     ToHost,
     Weights,
 )
+from .parked import park
 from .worker import EXIT_MODEL_CHANGED, WorkerOptions, load_model, place, secure, weight_bytes
 
 if TYPE_CHECKING:
@@ -494,70 +495,6 @@ class Forker:
         finally:
             ours.close()
             os.close(log_r)
-
-
-def park(pid: int, most_bytes: int) -> None:
-    """Stop the job process ``pid`` between two jobs of its owner, or kill it.
-
-    Stopped, none of its threads runs (whatever its job left behind); a child
-    of its own would go on running, so a process with one is killed, as is one
-    that does not stop at once, or that keeps more than ``most_bytes`` of
-    memory of its own while it waits. Only its parent, this process, can be
-    sure ``pid`` is still that process: it has not reaped it.
-    """
-    try:
-        os.kill(pid, signal.SIGSTOP)
-        deadline = time.monotonic() + 0.5
-        while not stopped(pid):
-            if time.monotonic() > deadline:
-                raise OSError("did not stop")
-            time.sleep(0.001)
-        if any(children_of(pid)):
-            raise OSError("has a child")
-        if private_bytes(pid) > most_bytes:
-            raise OSError("keeps too much memory")
-    except ProcessLookupError:
-        pass
-    except OSError:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def private_bytes(pid: int) -> int:
-    """The memory only ``pid`` maps (what the host shares with it, copy-on-write, not counted)."""
-    total = 0
-    with open(f"/proc/{pid}/smaps_rollup") as file:
-        for line in file:
-            if line.startswith(("Private_Clean:", "Private_Dirty:")):
-                total += int(line.split()[1]) * 1024
-    return total
-
-
-def stopped(pid: int) -> bool:
-    """Every thread of ``pid`` is stopped (group stop reaches each in turn)."""
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/stat", "rb") as file:
-                state = file.read().rsplit(b")", 1)[1].split()[0]
-        except (FileNotFoundError, IndexError):
-            continue  # a thread that ended meanwhile
-        if state not in (b"T", b"t"):
-            return False
-    return True
-
-
-def children_of(pid: int) -> list[str]:
-    """The children of every thread of ``pid`` (an orphan of its PID namespace is reparented to it)."""
-    found: list[str] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as file:
-                found += file.read().split()
-        except FileNotFoundError:
-            continue
-    return found
 
 
 def serve_in_process(control: Channel, model: Any, runner: Runner, guard: Optional[ModelGuard]) -> None:

@@ -12,15 +12,9 @@ stdout/stderr pipe; every message is checked (`job_watch`) before anything
 reaches the server, and the slot is killed on anything unexpected.
 
 A job's process that ran a job may run the same user's next ones, up to
-`JobProcesses.reuse` in all: a user's loop of small traces then pays for a
-fork, a containment set-up and an exit once, not per request. Between two
-jobs it is *parked*: stopped by the host (`messages.Park`), so nothing its
-job left behind runs, and only a job of the same owner (`JobSpec.owner`)
-is ever handed to it; it is killed after `PARKED_SECONDS` unused, when
-`PARKED_PER_REPLICA` others are parked, if it is not ready again within
-`SETTLE_SECONDS` of its result, or if it keeps more than `PARKED_BYTES` of
-memory of its own. Another user's job always gets a process that has run
-nothing.
+`JobProcesses.reuse` in all, parked in between (`parking`): only a job of
+the same owner (`JobSpec.owner`) is ever handed to it. Another user's job
+always gets a process that has run nothing.
 """
 
 from __future__ import annotations
@@ -43,6 +37,7 @@ from ..execution.messages import Slot as SlotMessage
 from ..execution.worker import crash_hint
 from .incidents import Incident
 from .job_watch import JobWatch, LogLines, Violation, refused
+from .parking import PARKED_BYTES, Parking
 
 if TYPE_CHECKING:
     from ..execution.cgroups import JobGroups
@@ -51,14 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nnhost.replica")
 
-#: A parked job's process unused this long is killed (seconds).
-PARKED_SECONDS = 60.0
-#: At most this many job processes of one replica wait for their owner's next job.
-PARKED_PER_REPLICA = 32
-#: A process told it may stay must be ready again this soon after its result (seconds).
-SETTLE_SECONDS = 2.0
-#: A process that keeps more memory of its own than this after its job is not kept.
-PARKED_BYTES = 256 << 20
 
 
 @dataclass(eq=False)
@@ -143,10 +130,8 @@ class JobProcesses:
         #: The slot that is ready for the next job, and those running one, oldest first.
         self.spare: Optional[Slot] = None
         self.running: list[Slot] = []
-        #: Processes that ran a job and may run their owner's next: settling (not
-        #: ready again yet) and parked (stopped, ready), oldest first.
-        self.settling: list[Slot] = []
-        self.parked: list[Slot] = []
+        #: Processes that ran a job and may run their owner's next.
+        self.parking = Parking()
         #: How many jobs may run at once (the replica sets it: one for a reusable slot).
         self.capacity = 1
         #: How many jobs of one user a job's process may run (the replica sets it).
@@ -184,7 +169,7 @@ class JobProcesses:
         process goes without a warm-up. Otherwise it warms up once this job
         has ended (`messages.Warm`), not beside it (see `job_process.live`).
         """
-        slot = self._parked_for(spec.owner)
+        slot = self.parking.take(spec.owner)
         fresh = slot is None
         if slot is None:
             slot = self.spare
@@ -216,42 +201,26 @@ class JobProcesses:
             self.warm_spare = not more_waiting
             self.request_fork(warm=False)
 
-    def _parked_for(self, owner: str) -> Optional[Slot]:
-        """Take the parked process of ``owner``, the most recently used, if there is one (lock held)."""
-        if not owner:
-            return None
-        for slot in reversed(self.parked):
-            if slot.owner == owner:
-                self.parked.remove(slot)
-                return slot
-        return None
-
     def expire(self, now: float) -> None:
-        """Kill what waits too long: parked unused, or not ready again after its job (lock held)."""
-        for slot in [s for s in self.parked if now - s.since > PARKED_SECONDS]:
-            self.parked.remove(slot)
-            self.kill(slot, None)
-        for slot in [s for s in self.settling if now - s.since > SETTLE_SECONDS]:
-            self.settling.remove(slot)
+        """Kill what waits too long for its owner's next job (lock held)."""
+        for slot in self.parking.expired(now):
             self.kill(slot, None)
 
     def _settled(self, slot: Slot) -> None:
         """``slot`` said it is ready after its job: park it for its owner, or end it."""
         with self._lock:
-            if slot not in self.settling:
+            if not self.parking.settled(slot):
                 return  # killed meanwhile (expired, or its replica stops)
-            self.settling.remove(slot)
             slot.job = slot.watch = slot.lines = None
             slot.staying = False
             if self._replica.stopping or slot.generation != self._replica.generation:
                 self.kill(slot, None)
                 return
-            slot.since = time.monotonic()
-            self.parked.append(slot)
+            pushed_out = self.parking.park(slot, time.monotonic())
             # Stopped before anything else is said to the host: a Resume follows it.
             self._replica.send_control(Park(pid=slot.pid, most_bytes=PARKED_BYTES))
-            while len(self.parked) > PARKED_PER_REPLICA:
-                self.kill(self.parked.pop(0), None)
+            for old in pushed_out:
+                self.kill(old, None)
 
     def add(self, message: SlotMessage, fds: list[int], generation: int) -> None:
         """A slot the host made (descriptors: its channel, its log pipe); its reader starts."""
@@ -300,7 +269,7 @@ class JobProcesses:
         self.spare = None
         self.warm_spare = False  # the next host's first process warms up before it is ready, or not at all
         running, self.running = self.running, []
-        self.settling, self.parked = [], []
+        self.parking = Parking()
         for slot in slots:
             slot.kill_reason = slot.kill_reason or reason
             slot.exited.set()
@@ -452,8 +421,7 @@ class JobProcesses:
         with self._lock:
             self._release(slot)
             if slot.staying and not self._replica.stopping:
-                slot.since = time.monotonic()
-                self.settling.append(slot)
+                self.parking.settle(slot, time.monotonic())
             elif not slot.reusable:
                 self.kill(slot, None)
             self._warm_the_spare()
@@ -501,9 +469,7 @@ class JobProcesses:
             was_spare = self.spare is slot
             if was_spare:
                 self.spare = None
-            for waiting in (self.settling, self.parked):
-                if slot in waiting:
-                    waiting.remove(slot)
+            self.parking.forget(slot)
         if slot.job is not None and slot.watch is not None and not slot.watch.finished:
             slot.watch.finished = True
             slot.exited.wait(2.0)
