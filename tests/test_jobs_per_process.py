@@ -86,7 +86,7 @@ def _finish(jobs: JobProcesses, process: _Process, spec: JobSpec) -> None:
 
 
 def _runs(process: _Process) -> list[tuple[str, bool]]:
-    return [(m.job.job_id, m.stay) for m in process.told() if isinstance(m, Run)]
+    return [(m.job.job_id, m.stay_within > 0) for m in process.told() if isinstance(m, Run)]
 
 
 def test_the_owners_next_job_goes_to_her_parked_process_and_nobody_elses(made, tmp_path):

@@ -30,10 +30,10 @@ from .events import JobSpec
 from .messages import Run
 
 
-def send_job(channel: Channel, spec: JobSpec, stay: bool = False) -> None:
+def send_job(channel: Channel, spec: JobSpec, stay_within: int = 0) -> None:
     """Send the job (`messages.Run`) with its payload, result and adapter descriptors.
 
-    ``stay``: the process may wait for its owner's next job afterwards (`messages.Run`).
+    ``stay_within``: the process may wait for its owner's next job afterwards (`messages.Run`).
     """
     payload_fd = os.open(spec.payload_path, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -49,7 +49,7 @@ def send_job(channel: Channel, spec: JobSpec, stay: bool = False) -> None:
             adapter_fds.append(os.open(os.path.join(spec.adapter_path, name), os.O_RDONLY | os.O_CLOEXEC))
         job = replace(spec, payload_path="", result_path="", payload_fd=-1, result_fd=-1,
                       adapter_path="", adapter_fds=[-1] * len(adapter_fds), owner="")
-        channel.send(Run(job=job, stay=stay), [payload_fd, result_fd, *adapter_fds])
+        channel.send(Run(job=job, stay_within=stay_within), [payload_fd, result_fd, *adapter_fds])
     finally:
         for fd in (payload_fd, result_fd, *adapter_fds):
             os.close(fd)

@@ -24,7 +24,7 @@ RUNNING, LOG and one final event. The model it sees is the host's,
 copy-on-write, with the weights in read-only memory. A cheap comparison of
 torch's global state says in the final message what the job changed.
 
-If the replica said it may stay (``Run.stay``: the job's owner may send more,
+If the replica said it may stay (``Run.stay_within``: the job's owner may send more,
 `replicas.slots`), it puts back what the job changed on the model once the
 result is out (`integrity.ModelGuard`, its snapshot taken before any job),
 says it is ready again, and is parked (stopped) until that same user's next
@@ -136,7 +136,7 @@ def live(
                                        description="test hook: " + traceback.format_exc()[-8000:]))
                     os._exit(0)
             run_one(spec, runner, channel)
-            if not (message.stay and _as_found(guard)):
+            if not (message.stay_within and _as_found(guard, message.stay_within)):
                 break
             # Its owner's next job may come here: say so, and be parked
             # (stopped) by the host until it does.
@@ -171,8 +171,12 @@ def _owner_guard(runner: Runner, options: WorkerOptions) -> Optional[ModelGuard]
     return guard
 
 
-def _as_found(guard: Optional[ModelGuard]) -> bool:
+def _as_found(guard: Optional[ModelGuard], most_bytes: int) -> bool:
     """After a job's result is out: put back what it changed; False if that cannot be done.
+
+    Or if, after a collection, this process keeps more than ``most_bytes`` of
+    memory of its own: the host would kill it when it is parked (`parked`),
+    and its owner's next job might already be on its way to it.
 
     Runs in the job's own process, after the job's code: it keeps an honest
     user's next request as a fresh process would find the model. What it
@@ -189,10 +193,21 @@ def _as_found(guard: Optional[ModelGuard]) -> bool:
     except Exception:
         return False
     # What the job freed stays in this process's heap for its next job (handing
-    # it back to the kernel made that job fault it in again, on its path); the
-    # host kills a process that keeps too much (`host.park`).
+    # it back to the kernel made that job fault it in again, on its path),
+    # unless that is too much to keep.
     gc.collect()
-    return not report.fatal
+    if report.fatal:
+        return False
+    from .parked import private_bytes
+
+    try:
+        if private_bytes("self") > most_bytes:
+            import ctypes
+
+            ctypes.CDLL(None).malloc_trim(0)
+        return private_bytes("self") <= most_bytes
+    except (OSError, AttributeError):
+        return False
 
 
 def _step_aside() -> None:

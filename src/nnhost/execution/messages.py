@@ -202,8 +202,9 @@ class Run(Message):
     type: Literal["run"] = "run"
     job: _Job
     #: After this job, the process may wait for its owner's next one (`Ready`)
-    #: instead of exiting, if the job left the model as it found it.
-    stay: bool = False
+    #: instead of exiting, if the job left the model as it found it and the
+    #: process keeps at most this many bytes of its own (0: it exits).
+    stay_within: int = 0
 
 
 class Warm(Message):
@@ -220,7 +221,7 @@ class Warm(Message):
 class Ready(Message):
     """A job's process is contained and waits for its job; ``containment``: its layers.
 
-    Also sent after a job told to ``stay`` (`Run`): it waits for its owner's next.
+    Also sent after a job told it may stay (`Run`): it waits for its owner's next.
     """
 
     type: Literal["ready"] = "ready"

@@ -46,8 +46,8 @@ def park(pid: int, most_bytes: int) -> None:
             pass
 
 
-def private_bytes(pid: int) -> int:
-    """The memory only ``pid`` maps (what the host shares with it, copy-on-write, not counted)."""
+def private_bytes(pid: "int | str") -> int:
+    """The memory only ``pid`` (or ``"self"``) maps (what the host shares with it, copy-on-write, not counted)."""
     total = 0
     with open(f"/proc/{pid}/smaps_rollup") as file:
         for line in file:

@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("nnhost.replica")
 
 
-
 @dataclass(eq=False)
 class Slot:
     """A process that runs (or will run) one user's jobs."""
@@ -189,7 +188,7 @@ class JobProcesses:
         try:
             # The job's files travel as open descriptors: a contained
             # process cannot see the data directory (execution.handoff).
-            send_job(slot.channel, spec, stay=slot.staying)
+            send_job(slot.channel, spec, stay_within=PARKED_BYTES if slot.staying else 0)
         except Exception as error:
             # The slot died just now, the job's files are not there, or the
             # job does not fit the channel: whatever it is, it fails this job
