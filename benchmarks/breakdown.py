@@ -396,9 +396,9 @@ def print_table(results: dict[str, list[dict[str, float]]], metas: dict[str, lis
 ROUNDS = 2
 
 
-#: The throughput rows: one user whose clients all send (every client uses the
-#: same key), and as many users as clients (a key each, on the nnhost servers).
-ONE_USER, A_USER_EACH = "one user", "a user each"
+#: The throughput rows besides one user's (every client uses the same key): as
+#: many users as clients (a key each, on the nnhost servers).
+A_USER_EACH = "a user each"
 
 
 def measure_throughput(urls: dict[str, str], counts: list[int], seconds: float, expected: Any,

@@ -209,3 +209,42 @@ class BareReplicaSide:
 
     def show_containment(self, slot) -> None:
         pass
+
+
+class FakeJobProcess:
+    """One fake job process of a `replicas.slots.JobProcesses`: the replica's end of its
+    channel, and ours. Made, it says it is ready, so it becomes the spare."""
+
+    def __init__(self, jobs, pid: int) -> None:
+        import socket
+
+        from nnhost.execution.channel import Channel
+        from nnhost.execution.messages import Ready
+        from nnhost.replicas.slots import Slot
+
+        ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.slot = Slot(pid=pid, channel=Channel(ours), generation=BareReplicaSide.generation)
+        jobs.slots[pid] = self.slot
+        assert jobs._slot_message(self.slot, Ready(), [])
+
+    def told(self) -> list[object]:
+        """What the replica sent it so far (its descriptors closed)."""
+        import os
+
+        from nnhost.execution.channel import Channel
+        from nnhost.execution.messages import TO_SPARE
+
+        self.theirs.setblocking(False)
+        heard, channel = [], Channel(self.theirs)
+        try:
+            while True:
+                message, fds = TO_SPARE.receive(channel)
+                for fd in fds:
+                    os.close(fd)
+                heard.append(message)
+        except BlockingIOError:
+            return heard
+
+    def close(self) -> None:
+        self.slot.channel.close()
+        self.theirs.close()

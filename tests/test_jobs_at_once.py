@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import threading
 import time
 import warnings
@@ -23,14 +22,13 @@ import httpx
 import pytest
 import torch
 from conftest import API_KEY, sleeping_payload
-from fakes import BareReplicaSide
+from fakes import BareReplicaSide, FakeJobProcess
 
-from nnhost.execution.channel import Channel
 from nnhost.execution.events import JobSpec
-from nnhost.execution.messages import TO_SPARE, Event, Ready, Warm
+from nnhost.execution.messages import Event, Warm
 from nnhost.execution.policy import WorkerPolicy
 from nnhost.models.sizing import jobs_per_replica, threads_per_job
-from nnhost.replicas.slots import JobProcesses, Slot
+from nnhost.replicas.slots import JobProcesses
 from nnhost.testing import ServerProcess, free_port
 
 REPO = "nnhost-test/jobs-at-once"
@@ -52,31 +50,12 @@ def test_half_the_cores_at_least_two_on_the_cpu_and_one_on_an_accelerator():
 
 # -- the bookkeeping ----------------------------------------------------------------------
 
-class _Process:
-    """One fake job process: the replica's end of its channel, and ours."""
-
-    def __init__(self, jobs: JobProcesses, pid: int) -> None:
-        ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.slot = Slot(pid=pid, channel=Channel(ours))
-        jobs.slots[pid] = self.slot
-        assert jobs._slot_message(self.slot, Ready(), [])  # it becomes the spare
-
-    def told(self) -> list[object]:
-        self.theirs.setblocking(False)
-        heard, channel = [], Channel(self.theirs)
-        try:
-            while True:
-                heard.append(TO_SPARE.receive(channel)[0])
-        except BlockingIOError:
-            return heard
-
-
 def _spec(tmp_path, n: int) -> JobSpec:
     (tmp_path / f"payload-{n}").write_bytes(b"x")
     return JobSpec(f"{n:032d}", str(tmp_path / f"payload-{n}"), False, result_path=str(tmp_path / f"result-{n}"))
 
 
-def _finish(jobs: JobProcesses, process: _Process, spec: JobSpec, tmp_path, n: int) -> None:
+def _finish(jobs: JobProcesses, process: FakeJobProcess, spec: JobSpec, tmp_path, n: int) -> None:
     assert jobs._slot_message(process.slot, Event(job_id=spec.job_id, status="RUNNING", description="r"), [])
     (tmp_path / f"result-{n}").write_bytes(b"r")
     jobs._slot_message(process.slot, Event(job_id=spec.job_id, status="COMPLETED", description="c",
@@ -90,15 +69,15 @@ def test_two_jobs_run_at_once_a_third_waits_and_the_warm_up_waits_for_both(tmp_p
                         on_incident=lambda kind: None)
     jobs.capacity = 2
     first, second, third = (_spec(tmp_path, n) for n in (1, 2, 3))
-    a = _Process(jobs, 101)
+    a = FakeJobProcess(jobs, 101)
     jobs.submit(first)  # none waits behind it: its successor is to warm up, later
     assert jobs.has_room and jobs.spare is None
-    b = _Process(jobs, 102)  # the job process asked for at the first job's dispatch
+    b = FakeJobProcess(jobs, 102)  # the job process asked for at the first job's dispatch
     assert jobs.spare is b.slot and jobs.has_room
     jobs.submit(second)
     assert [slot.job.job_id for slot in jobs.running] == [first.job_id, second.job_id]
     assert not jobs.has_room  # a third job waits, even with a process ready for it
-    c = _Process(jobs, 103)
+    c = FakeJobProcess(jobs, 103)
     assert jobs.spare is c.slot and not jobs.has_room
     _finish(jobs, a, first, tmp_path, 1)
     assert jobs.has_room and [slot.job.job_id for slot in jobs.running] == [second.job_id]
@@ -108,12 +87,11 @@ def test_two_jobs_run_at_once_a_third_waits_and_the_warm_up_waits_for_both(tmp_p
     _finish(jobs, b, second, tmp_path, 2)
     _finish(jobs, c, third, tmp_path, 3)
     assert jobs.running == [] and jobs.has_room
-    d = _Process(jobs, 104)
+    d = FakeJobProcess(jobs, 104)
     assert [type(message) for message in d.told()] == [Warm]  # ready once nothing runs
     assert len(idle) >= 3
     for process in (a, b, c, d):
-        process.slot.channel.close()
-        process.theirs.close()
+        process.close()
 
 
 # -- end to end -------------------------------------------------------------------------

@@ -13,47 +13,19 @@ shown with beaten Python against a real server in
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import pytest
-from fakes import BareReplicaSide
+from fakes import BareReplicaSide, FakeJobProcess
 
-from nnhost.execution.channel import Channel
 from nnhost.execution.events import JobSpec
-from nnhost.execution.messages import TO_SPARE, Discard, Event, Park, Ready, Resume, Run
+from nnhost.execution.messages import Discard, Event, Park, Ready, Resume, Run
 from nnhost.execution.policy import WorkerPolicy
 from nnhost.models.adapters import ADAPTER_FILES
 from nnhost.replicas import parking
-from nnhost.replicas.slots import JobProcesses, Slot
+from nnhost.replicas.slots import JobProcesses
 
 pytestmark = pytest.mark.unit
-
-
-class _Process:
-    """One fake job process: the replica's end of its channel, and ours."""
-
-    def __init__(self, jobs: JobProcesses, pid: int) -> None:
-        ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.slot = Slot(pid=pid, channel=Channel(ours), generation=1)
-        jobs.slots[pid] = self.slot
-        assert jobs._slot_message(self.slot, Ready(), [])  # it becomes the spare
-
-    def told(self) -> list[object]:
-        self.theirs.setblocking(False)
-        heard, channel = [], Channel(self.theirs)
-        try:
-            while True:
-                message, fds = TO_SPARE.receive(channel)
-                for fd in fds:
-                    socket.close(fd)
-                heard.append(message)
-        except BlockingIOError:
-            return heard
-
-    def close(self) -> None:
-        self.slot.channel.close()
-        self.theirs.close()
 
 
 @pytest.fixture
@@ -63,10 +35,10 @@ def made(tmp_path):
     jobs = JobProcesses("org/a", WorkerPolicy(), threading.RLock(), side,
                         on_job_event=lambda event: None, on_idle=lambda: None, on_incident=lambda kind: None)
     jobs.capacity, jobs.reuse = 2, 3
-    processes: list[_Process] = []
+    processes: list[FakeJobProcess] = []
 
-    def process(pid: int) -> _Process:
-        processes.append(_Process(jobs, pid))
+    def process(pid: int) -> FakeJobProcess:
+        processes.append(FakeJobProcess(jobs, pid))
         return processes[-1]
 
     yield jobs, side, process
@@ -80,12 +52,12 @@ def _spec(tmp_path, n: int, owner: str) -> JobSpec:
                    owner=owner)
 
 
-def _finish(jobs: JobProcesses, process: _Process, spec: JobSpec) -> None:
+def _finish(jobs: JobProcesses, process: FakeJobProcess, spec: JobSpec) -> None:
     assert jobs._slot_message(process.slot, Event(job_id=spec.job_id, status="RUNNING", description="r"), [])
     jobs._slot_message(process.slot, Event(job_id=spec.job_id, status="ERROR", description="e"), [])
 
 
-def _runs(process: _Process) -> list[tuple[str, bool]]:
+def _runs(process: FakeJobProcess) -> list[tuple[str, bool]]:
     return [(m.job.job_id, m.stay_within > 0) for m in process.told() if isinstance(m, Run)]
 
 

@@ -156,7 +156,9 @@ def main() -> None:
             problem = warm_up(model, runner)
             if problem:
                 print(f"nnhost host {os.getpid()}: no warm-up ({problem[-300:]})", file=sys.stderr, flush=True)
-            if options.jobs_per_process > 1 and runner.unpickler is not None:
+            from .job_process import may_stay
+
+            if may_stay(runner, options):
                 from .integrity import ModelGuard
 
                 # Taken once, here, after the warm-up: every job's process

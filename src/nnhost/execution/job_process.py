@@ -160,7 +160,7 @@ def _owner_guard(runner: Runner, options: WorkerOptions) -> Optional[ModelGuard]
     taken here, once they are bound. Either way what is this process's own
     (its threads, torch's thread count) is taken now, as the job will find it.
     """
-    if options.jobs_per_process <= 1 or runner.unpickler is None:
+    if not may_stay(runner, options):
         return None
     from .integrity import ModelGuard
 
@@ -169,6 +169,11 @@ def _owner_guard(runner: Runner, options: WorkerOptions) -> Optional[ModelGuard]
         guard = ModelGuard(runner.model, runner.persistent_objects, weights_sealed=True)
     guard.adopt()
     return guard
+
+
+def may_stay(runner: Runner, options: WorkerOptions) -> bool:
+    """A job's process of this host may run its owner's next jobs (contained, and allowed to)."""
+    return options.jobs_per_process > 1 and runner.unpickler is not None
 
 
 def _as_found(guard: Optional[ModelGuard], most_bytes: int) -> bool:
@@ -201,10 +206,11 @@ def _as_found(guard: Optional[ModelGuard], most_bytes: int) -> bool:
     from .parked import private_bytes
 
     try:
-        if private_bytes("self") > most_bytes:
-            import ctypes
+        if private_bytes("self") <= most_bytes:
+            return True
+        import ctypes
 
-            ctypes.CDLL(None).malloc_trim(0)
+        ctypes.CDLL(None).malloc_trim(0)
         return private_bytes("self") <= most_bytes
     except (OSError, AttributeError):
         return False

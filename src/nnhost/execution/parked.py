@@ -16,6 +16,8 @@ import os
 import signal
 import time
 
+from .process_state import child_processes
+
 
 def park(pid: int, most_bytes: int) -> None:
     """Stop the job process ``pid`` between two jobs of its owner, or kill it.
@@ -33,7 +35,7 @@ def park(pid: int, most_bytes: int) -> None:
             if time.monotonic() > deadline:
                 raise OSError("did not stop")
             time.sleep(0.001)
-        if any(children_of(pid)):
+        if child_processes(pid):
             raise OSError("has a child")
         if private_bytes(pid) > most_bytes:
             raise OSError("keeps too much memory")
@@ -68,14 +70,3 @@ def stopped(pid: int) -> bool:
             return False
     return True
 
-
-def children_of(pid: int) -> list[str]:
-    """The children of every thread of ``pid`` (an orphan of its PID namespace is reparented to it)."""
-    found: list[str] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as file:
-                found += file.read().split()
-        except FileNotFoundError:
-            continue
-    return found

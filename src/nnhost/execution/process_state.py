@@ -98,11 +98,12 @@ def fresh_random_state() -> None:
         pass
 
 
-def child_processes() -> set[int]:
+def child_processes(pid: "int | str" = "self") -> set[int]:
+    """The children of every thread of ``pid`` (an orphan of a PID namespace is its init's)."""
     children: set[int] = set()
     try:
-        for task in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{task}/children") as file:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as file:
                 children.update(int(pid) for pid in file.read().split())
     except OSError:
         pass
