@@ -150,3 +150,43 @@ def test_a_process_waits_only_so_long_and_only_so_many_wait(made, tmp_path, monk
     assert Discard(pid=410) in side.sent and jobs.parking.settling == [] and jobs.parking.parked == parked[1:]
     jobs.expire(parked[-1].since + parking.PARKED_SECONDS + 1)
     assert jobs.parking.parked == [] and {Discard(pid=401), Discard(pid=402)} <= set(side.sent)
+
+
+def test_a_parked_process_is_weighed_by_its_job_groups_charge():
+    """The host weighs a parked process by its job group's charge, its /tmp included (`parked.kept_bytes`).
+
+    O(1) from the kernel, where walking its pages (smaps) took milliseconds of
+    a CPU per park; a process in no job group of its own has no charge to read.
+    """
+    import os
+
+    from nnhost.execution.cgroups import JobGroups, group_memory
+
+    groups = JobGroups("parking-test")
+    if not groups.available:
+        pytest.skip(f"no job groups here: {groups.problem}")
+    assert group_memory(os.getpid()) is None
+    go_r, go_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: allocate once it is in its group, say so, and wait
+        try:
+            os.read(go_r, 1)
+            kept = bytearray(os.urandom(40 << 20))
+            os.write(done_w, b"1")
+            os.read(go_r, 1)
+            del kept
+        finally:
+            os._exit(0)
+    try:
+        groups.attach(pid, 512 << 20, 64)
+        before = group_memory(pid)
+        os.write(go_w, b"1")
+        os.read(done_r, 1)
+        after = group_memory(pid)
+        assert before is not None and after is not None and after - before >= 40 << 20
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        groups.remove(pid)
+        groups.close()

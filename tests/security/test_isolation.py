@@ -258,6 +258,41 @@ class TestTheSameUsersNextJob:
         assert float(gap) >= 0.9, line
 
 
+    HEAVY = """
+        import _thread, os, time
+        with open("/tmp/%(mark)s", "w") as file:
+            file.write("here")
+        # Memory it keeps when its job is over, out of the Python-level check's
+        # sight: files in its /tmp (a tmpfs: memory, mapped or not) and a raw
+        # thread's buffer.
+        with open("/tmp/%(mark)s.fill", "wb") as file:
+            for _ in range(60):
+                file.write(os.urandom(1 << 20))
+        def hold(kept):
+            while True:
+                time.sleep(1)
+        _thread.start_new_thread(hold, (bytearray(os.urandom(200 << 20)),))
+        time.sleep(0.1)
+        print("HEAVY done")
+    """
+
+    def test_a_process_that_keeps_too_much_memory_is_not_kept(self, next_user_is_served, mallory,
+                                                             remote_model):
+        """Past `parking.PARKED_BYTES` kept (its /tmp counted), her process ends; her next job starts afresh."""
+        from nnhost.replicas.parking import PARKED_BYTES
+
+        assert 260 << 20 > PARKED_BYTES > 200 << 20  # more only with its /tmp
+        mark = "heavy" + secrets.token_hex(4)
+        first = hostile(next_user_is_served, mallory, self.HEAVY % {"mark": mark}, remote_model)
+        assert first["status"] == "COMPLETED", first
+        assert "HEAVY done" in job_logs(next_user_is_served, first["id"])
+        time.sleep(0.5)
+        hers = hostile(next_user_is_served, mallory, self.NEXT % {"mark": mark}, remote_model)
+        assert hers["status"] == "COMPLETED", hers
+        assert [line for line in job_logs(next_user_is_served, hers["id"]) if line.startswith("NEXT")] == [
+            "NEXT False 0 0.0"]
+
+
 class TestAnotherJobsPayloadAndResult:
     SOURCE = """
         import os, select

@@ -144,6 +144,36 @@ class JobGroups:
                 pass
 
 
+def group_memory(pid: int) -> Optional[int]:
+    """Memory charged to ``pid``'s own job group (`JobGroups.attach`), or None where it has none.
+
+    Anonymous memory and tmpfs files (its ``/tmp``): what the process keeps,
+    whether it maps it or not. Pages the host shares with it copy-on-write
+    are charged to the host's group, so they do not count; the page cache of
+    files it read or wrote does not either (the kernel frees it at will).
+    Read from the kernel, in O(1): the group's path from ``/proc``, which the
+    process cannot change (it has no write access to any group).
+    """
+    try:
+        path = None
+        with open(f"/proc/{pid}/cgroup") as file:
+            for line in file:
+                _, controllers, where = line.rstrip("\n").split(":", 2)
+                if "memory" in controllers.split(","):
+                    path = where
+        if path is None or os.path.basename(path) != f"job-{pid}":
+            return None
+        counts = {}
+        with open(os.path.join(ROOT, "memory", path.lstrip("/"), "memory.stat")) as file:
+            for line in file:
+                key, _, value = line.partition(" ")
+                if key in ("rss", "shmem"):
+                    counts[key] = int(value)
+        return counts["rss"] + counts["shmem"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def _write(folder: str, name: str, value: int) -> None:
     with open(os.path.join(folder, name), "w") as file:
         file.write(str(value))

@@ -55,13 +55,16 @@ def _flags_of(point: str) -> int:
     return flags
 
 
+#: Where a job may write: each a private tmpfs of its own (`mount_scratch`).
+SCRATCH = ("/tmp", "/dev/shm", "/var/tmp")
+
+
 def mount_scratch(policy: ContainmentPolicy, uid: int, gid: int) -> None:
     """A fresh, empty ``/tmp`` (and ``/dev/shm``, ``/var/tmp``) owned by ``uid``.
 
     Done once for the replica's process and again in each job's own mount
     namespace, so that nothing one job leaves in ``/tmp`` is there for the next.
     """
-    scratch = ("/tmp", "/dev/shm", "/var/tmp")
     options = f"mode=0700,uid={uid},gid={gid}"
     # Python itself may live under /tmp (a checkout there, and its venv): hold
     # those folders open, cover /tmp, then bind them back, read-only. Finding
@@ -79,7 +82,7 @@ def mount_scratch(policy: ContainmentPolicy, uid: int, gid: int) -> None:
         mount(f"/proc/self/fd/{handle}", root, None, MS_BIND | MS_REC)
         mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _flags_of(root))
         os.close(handle)
-    for point in scratch[1:]:
+    for point in SCRATCH[1:]:
         if os.path.isdir(point) and not os.path.islink(point):
             mount("tmpfs", point, "tmpfs", MS_NOSUID | MS_NODEV, f"size={16 * MiB},{options}")
     # Stand-ins for the user databases: the machine's accounts are nobody's business.
@@ -98,7 +101,6 @@ def mount_scratch(policy: ContainmentPolicy, uid: int, gid: int) -> None:
 
 
 def contain_filesystem(policy: ContainmentPolicy, uid: int, gid: int) -> None:
-    scratch = ("/tmp", "/dev/shm", "/var/tmp")
     mount_scratch(policy, uid, gid)
     hidden = dict.fromkeys(os.path.realpath(p) for p in list(policy.hide) + list(DEFAULT_HIDDEN) if p)
     for real in sorted(hidden, key=len):
@@ -113,7 +115,7 @@ def contain_filesystem(policy: ContainmentPolicy, uid: int, gid: int) -> None:
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
     except OSError:
         pass  # the old /proc stays; it is made read-only with the rest
-    keep_writable = set(scratch)
+    keep_writable = set(SCRATCH)
     for point in sorted(set(_mounts()), key=len, reverse=True):
         if point in keep_writable or point.startswith("/tmp/"):
             continue

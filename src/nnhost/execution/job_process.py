@@ -112,10 +112,11 @@ def live(
             _warm_up(runner)
         else:
             _settle()
-        from .memory_meter import prepare
+        from .memory_meter import prepare, resident_bytes
 
         prepare()  # its thread started now, not on the job's path
         guard = _owner_guard(runner, options)
+        settled = resident_bytes()
         channel.send(Ready(containment=report.to_dict()))
         while True:
             message, fds = TO_SPARE.receive(channel)
@@ -136,7 +137,7 @@ def live(
                                        description="test hook: " + traceback.format_exc()[-8000:]))
                     os._exit(0)
             run_one(spec, runner, channel)
-            if not (message.stay_within and _as_found(guard, message.stay_within)):
+            if not (message.stay_within and _as_found(guard, message.stay_within, settled)):
                 break
             # Its owner's next job may come here: say so, and be parked
             # (stopped) by the host until it does.
@@ -176,12 +177,14 @@ def may_stay(runner: Runner, options: WorkerOptions) -> bool:
     return options.jobs_per_process > 1 and runner.unpickler is not None
 
 
-def _as_found(guard: Optional[ModelGuard], most_bytes: int) -> bool:
+def _as_found(guard: Optional[ModelGuard], most_bytes: int, settled: int) -> bool:
     """After a job's result is out: put back what it changed; False if that cannot be done.
 
-    Or if, after a collection, this process keeps more than ``most_bytes`` of
-    memory of its own: the host would kill it when it is parked (`parked`),
-    and its owner's next job might already be on its way to it.
+    Or if, after a collection, this process holds more than ``most_bytes``
+    beyond the ``settled`` resident size it had when it first said it was
+    ready: the host would kill it when it is parked (`parked`), and its
+    owner's next job might already be on its way to it. This count is its
+    own and cheap; the host's, when it parks it, is the kernel's.
 
     Runs in the job's own process, after the job's code: it keeps an honest
     user's next request as a fresh process would find the model. What it
@@ -203,17 +206,17 @@ def _as_found(guard: Optional[ModelGuard], most_bytes: int) -> bool:
     gc.collect()
     if report.fatal:
         return False
-    from .parked import private_bytes
+    from .memory_meter import resident_bytes
 
+    if resident_bytes() - settled <= most_bytes:
+        return True
     try:
-        if private_bytes("self") <= most_bytes:
-            return True
         import ctypes
 
         ctypes.CDLL(None).malloc_trim(0)
-        return private_bytes("self") <= most_bytes
     except (OSError, AttributeError):
         return False
+    return resident_bytes() - settled <= most_bytes
 
 
 def _step_aside() -> None:

@@ -21,7 +21,8 @@ import threading
 from typing import Any, Optional
 
 
-def _rss_bytes() -> int:
+def resident_bytes() -> int:
+    """This process's resident set size (``statm``: O(1))."""
     try:
         with open("/proc/self/statm") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -51,7 +52,7 @@ class Sampler:
     def _sample(self) -> None:
         while not self._stopped.is_set():
             self._running.wait()
-            rss = _rss_bytes()
+            rss = resident_bytes()
             with self._lock:
                 if self._running.is_set():
                     self._peak = max(self._peak, rss)
@@ -112,7 +113,7 @@ class MemoryMeter:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             self.cuda_baseline = torch.cuda.memory_allocated()
-        self.baseline = self.peak = _rss_bytes()
+        self.baseline = self.peak = resident_bytes()
         prepared = _prepared
         if prepared is not None and prepared.pid == os.getpid():
             self._sampler, self._own = prepared, False
@@ -124,7 +125,7 @@ class MemoryMeter:
     def __exit__(self, *exc: Any) -> None:
         if self._sampler is None:
             return
-        self.peak = self._sampler.end(_rss_bytes())
+        self.peak = self._sampler.end(resident_bytes())
         if self._own:
             self._sampler.close()
         self._sampler = None
