@@ -77,7 +77,9 @@ def test_queries_by_status_user_deployment_and_expiry(database):
     assert [job.id for job in store.search(status=Status.ERROR)] == ["j2"]
     assert len(store.search(limit=2)) == 2
     _walk(store, "j3", Status.QUEUED, Status.DISPATCHED, Status.RUNNING)
+    assert store.unfinished_count(1) == 2  # running is not finished
     store.transition("j3", Status.COMPLETED, "", result_size=1, result_expires_at=time.time() - 1)
+    assert store.unfinished_count(1) == 1
     assert [job.id for job in store.expired_results(time.time())] == ["j3"]
     store.forget_result("j3")
     assert store.expired_results(time.time()) == [] and store.get("j3").result_size == 1

@@ -12,8 +12,8 @@ import logging
 from typing import TYPE_CHECKING, AsyncIterator, Optional, Union
 
 from fastapi import APIRouter, HTTPException, Request, WebSocket, WebSocketDisconnect
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
 from starlette.datastructures import FormData, UploadFile
 
 from ..front.jobs import SessionNotOwned, Submission, UnknownModel
@@ -71,6 +71,11 @@ async def _read_form(request: Request, limit: int) -> FormData:
         raise HTTPException(400, f"The request body is not a valid multipart form: {error}") from None
 
 
+def _json(model: BaseModel) -> Response:
+    """A model as the JSON body, serialized once (not dumped, parsed and dumped again)."""
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
 def _parse_envelope(raw: Union[UploadFile, str, None]) -> Submission:
     if not isinstance(raw, str):
         raise HTTPException(422, "The form field 'data' is missing: it must hold the request's JSON.")
@@ -88,7 +93,7 @@ def _parse_envelope(raw: Union[UploadFile, str, None]) -> Submission:
 
 
 @router.post("/request")
-async def submit_request(request: Request) -> JSONResponse:
+async def submit_request(request: Request) -> Response:
     server = server_of(request)
     check_client_version(request)
     principal, limits = await require_admitted(request)
@@ -109,18 +114,18 @@ async def submit_request(request: Request) -> JSONResponse:
     except SessionNotOwned as error:
         raise HTTPException(403, str(error)) from None
     response = replies.job_response(server, job, _base_url(request))
-    return JSONResponse(json.loads(response.model_dump_json()))
+    return _json(response)
 
 
 @router.get("/response/{job_id}")
-async def job_response(job_id: str, request: Request) -> JSONResponse:
+async def job_response(job_id: str, request: Request) -> Response:
     server = server_of(request)
     principal = await require_principal(request)
     job = await server.jobs.get(job_id)
     if job is None or job.user_id != principal.user_id:
         raise HTTPException(404, f"No job {job_id} for this API key.")
     response = replies.job_response(server, job, _base_url(request))
-    return JSONResponse(json.loads(response.model_dump_json()))
+    return _json(response)
 
 
 @router.get("/result/{job_id}")

@@ -30,7 +30,6 @@ from sqlalchemy.engine import Connection, RowMapping
 from ..db import Database
 from ..db import connect as _connect_database
 from ..db.tables import job_logs, jobs
-from ..execution.events import FINAL_STATUSES
 from .job import InvalidTransition, Job, Status, check_transition
 
 
@@ -45,6 +44,13 @@ _GET = select(jobs).where(jobs.c.id == bindparam("job_id"))
 _LOCK_ROW = _GET.with_for_update()
 _ADD_LOG = insert(job_logs).values(
     job_id=bindparam("job_id"), at=bindparam("at"), line=bindparam("line")
+)
+_CREATE = insert(jobs)
+#: A user's jobs that have not ended, found through the status index: the
+#: unfinished are few, while a user's jobs of all time grow without end.
+_UNFINISHED = select(func.count()).where(
+    jobs.c.status.in_(sorted(s.value for s in Status if s is not Status.LOG and not s.final)),
+    jobs.c.user_id == bindparam("user_id"),
 )
 _TRANSITION = (
     update(jobs)
@@ -124,9 +130,8 @@ class JobStore:
 
     def unfinished_count(self, user_id: int) -> int:
         """How many of the user's jobs are waiting or running (for the queued-jobs limit)."""
-        query = select(func.count()).where(jobs.c.user_id == user_id, jobs.c.status.not_in(sorted(FINAL_STATUSES)))
         with self.database.read() as db:
-            return db.execute(query).scalar_one()
+            return db.execute(_UNFINISHED, {"user_id": user_id}).scalar_one()
 
     def search(
         self,
@@ -165,22 +170,23 @@ class JobStore:
         job.created_at = job.updated_at = now
         with self._lock, self.database.write() as db:
             db.execute(
-                insert(jobs).values(
-                    id=job.id,
-                    user_id=job.user_id,
-                    model_key=job.model_key,
-                    deployment=job.deployment,
-                    session_id=job.session_id,
-                    compress=int(job.compress),
-                    env=json.dumps(job.env),
-                    status=job.status.value,
-                    description=job.description,
-                    meta=json.dumps(job.meta) if job.meta is not None else None,
-                    created_at=job.created_at,
-                    updated_at=job.updated_at,
-                    base_url=job.base_url,
-                    priority=int(job.priority),
-                )
+                _CREATE,
+                {
+                    "id": job.id,
+                    "user_id": job.user_id,
+                    "model_key": job.model_key,
+                    "deployment": job.deployment,
+                    "session_id": job.session_id,
+                    "compress": int(job.compress),
+                    "env": json.dumps(job.env),
+                    "status": job.status.value,
+                    "description": job.description,
+                    "meta": json.dumps(job.meta) if job.meta is not None else None,
+                    "created_at": job.created_at,
+                    "updated_at": job.updated_at,
+                    "base_url": job.base_url,
+                    "priority": int(job.priority),
+                },
             )
         return job
 
