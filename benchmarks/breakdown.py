@@ -37,8 +37,12 @@ local one) run traces back to back for ``--seconds`` against each server in
 turn, two rounds, at each of ``--clients`` (8 and 16 by default); the table
 gives jobs per second and each nnhost design's ratio to the floor. The issue
 "faster than NDIF" also asks for the reference NDIF server beside them when it
-is installed; its package needs Python 3.12 or newer, so where it is absent
-the output says so and measures the rest.
+is installed. Its stack (Ray, Redis, its API under gunicorn, a model deployed
+to it) is the operator's to start, in its own environment: ``--ndif URL``
+names it, and it then takes its turns beside the others, in the stage table
+and in throughput, serving the same model (``REPO_ID``, built with
+`nnhost.models.tiny.build_tiny_gpt2` into its cache, float32). Without it the
+output says NDIF was not measured.
 
 It must never assert on a time: the machines are shared and noisy.
 """
@@ -423,13 +427,7 @@ def measure_throughput(urls: dict[str, str], counts: list[int], seconds: float, 
     return rates
 
 
-def ndif_installed() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("ndif") is not None
-
-
-def print_throughput(rates: dict[str, dict[int, list[float]]]) -> None:
+def print_throughput(rates: dict[str, dict[int, list[float]]], ndif: bool) -> None:
     names = list(rates)
     counts = list(rates[names[0]])
     print()
@@ -443,9 +441,15 @@ def print_throughput(rates: dict[str, dict[int, list[float]]]) -> None:
             values = rates[name][count]
             ratio = "" if name == "floor" else f"   {statistics.mean(values) / floor_mean:.2f}x the floor"
             print(f"  {count:>3} clients  {name:<{width}}  " + "  ".join(f"{v:6.1f}" for v in values) + ratio)
-    if not ndif_installed():
-        print("  NDIF: not measured here; the reference server (the `ndif` package) is not installed"
-              " beside this checkout (it needs Python 3.12 or newer).")
+    if ndif:
+        for count in counts:
+            ndif_mean = statistics.mean(rates["ndif"][count])
+            print(f"  {count:>3} clients  against NDIF: " + ", ".join(
+                f"{name} {statistics.mean(rates[name][count]) / ndif_mean:.2f}x"
+                for name in names if name not in ("floor", "ndif")))
+    else:
+        print("  NDIF: not measured (no --ndif URL): start the reference server, serving this"
+              f" benchmark's {REPO_ID}, and name it.")
 
 
 # --- main ------------------------------------------------------------------------------
@@ -460,6 +464,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the per-request stages here")
     parser.add_argument("--clients", default="8,16", help="client process counts for throughput (empty: none)")
     parser.add_argument("--seconds", type=float, default=6.0, help="length of one throughput round")
+    parser.add_argument("--ndif", default="", help="URL of a running reference NDIF server to measure beside")
     args = parser.parse_args(argv)
     designs = [d for d in args.designs.split(",") if d]
     counts = [int(c) for c in args.clients.split(",") if c]
@@ -496,6 +501,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         model, _, expected = client_models(REPO_ID, snapshot)
 
         urls = {"floor": floor.url, **{d: s.url for d, s in servers.items()}}
+        if args.ndif:
+            urls["ndif"] = args.ndif.rstrip("/")
         for name, url in urls.items():
             for _ in range(WARMUP):
                 _, _, logits = one_request(model, url)
@@ -526,7 +533,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         if counts:
             keys = {design: server.user_keys(max(counts), "bench") for design, server in servers.items()}
             rates = measure_throughput(urls, counts, args.seconds, expected.detach(), keys)
-            print_throughput(rates)
+            print_throughput(rates, bool(args.ndif))
         if args.json is not None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({"stages": results, "meta": metas, "throughput": rates}, indent=1))
