@@ -282,6 +282,40 @@ def test_a_request_line_with_no_end_is_refused_without_growing_the_server(nnhost
     assert httpx.get(f"{nnhost_server.url}/ping", timeout=10).status_code == 200
 
 
+def test_a_header_with_no_end_is_refused_but_a_large_head_and_body_pass(nnhost_server):
+    """The head is bounded as it arrives (`api.http_parsing`), headers too; a body never counts."""
+    import socket
+
+    before = resident_bytes(nnhost_server.process.pid)
+    with socket.create_connection(("127.0.0.1", nnhost_server.port), timeout=30) as sock:
+        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+        piece, sent, answer = b"a" * 2**20, 0, b""
+        sock.settimeout(0.2)
+        while sent < 96 * 2**20 and not answer:
+            try:
+                sock.sendall(piece)
+                sent += len(piece)
+            except OSError:
+                break
+            try:
+                answer = sock.recv(4096)
+            except socket.timeout:
+                pass
+    assert sent < 16 * 2**20, f"the server read {sent >> 20} MiB of one header"
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer[:100]
+    assert resident_bytes(nnhost_server.process.pid) - before < 64 * 2**20
+    # 60 KiB of headers, then a body past the head's bound sent with them in one
+    # write: the request is read whole (and refused for its key, not its size).
+    body = b"x" * (300 * 1024)
+    with socket.create_connection(("127.0.0.1", nnhost_server.port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /request HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"p" * (60 * 1024)
+            + b"\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        )
+        reply = sock.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 4") and not reply.startswith(b"HTTP/1.1 400"), reply[:200]
+
+
 def test_past_max_connections_a_request_gets_503_and_the_server_recovers(nnhost_server):
     """20,000 idle half-requests took every descriptor; now the excess is told 503."""
     import socket

@@ -91,6 +91,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from ..api.http_parsing import BoundedHttpTools
     from ..db import DatabaseError
     from ..storage.results import ResultStoreError
 
@@ -131,11 +132,10 @@ def serve_command(args: argparse.Namespace) -> int:
         app,
         host=settings.host,
         port=settings.port,
-        # h11 bounds a request's head (line and headers) as it arrives; httptools
-        # would hold a request line of any length. Past max_connections open
-        # connections a request gets 503, before the process runs out of descriptors.
-        http="h11",
-        h11_max_incomplete_event_size=MAX_REQUEST_HEAD,
+        # httptools, with each request's head bounded as it arrives (`BoundedHttpTools`).
+        # Past max_connections open connections a request gets 503, before the
+        # process runs out of descriptors.
+        http=BoundedHttpTools,
         limit_concurrency=settings.max_connections,
         log_level=args.log_level,
         log_config=None,  # uvicorn writes through the handler `configure` set up
@@ -154,10 +154,6 @@ def serve_command(args: argparse.Namespace) -> int:
 
 def _stopped(signum: int, frame: object) -> None:
     raise SystemExit(0)
-
-
-#: Largest request head (request line and headers) the server reads.
-MAX_REQUEST_HEAD = 64 * 1024
 
 
 def _descriptors_for(connections: int) -> None:
