@@ -455,7 +455,7 @@ def print_throughput(rates: dict[str, dict[int, list[float]]], ndif: bool) -> No
 # --- main ------------------------------------------------------------------------------
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--repeats", type=int, default=30, help="timed requests per server")
     parser.add_argument("--block", type=int, default=5,
@@ -465,7 +465,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--clients", default="8,16", help="client process counts for throughput (empty: none)")
     parser.add_argument("--seconds", type=float, default=6.0, help="length of one throughput round")
     parser.add_argument("--ndif", default="", help="URL of a running reference NDIF server to measure beside")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
     designs = [d for d in args.designs.split(",") if d]
     counts = [int(c) for c in args.clients.split(",") if c]
 

@@ -57,7 +57,7 @@ def test_quick_start_is_two_commands():
 
 
 def _script_parser(name: str):
-    """The README's other command lines: ``make bench ARGS=...`` and the GPU check."""
+    """The README's other command lines: ``make bench ARGS=...``, the breakdown and the GPU check."""
     import importlib.util
 
     path = README.parent / "benchmarks" / f"{name}.py"
@@ -73,7 +73,7 @@ def test_every_flag_named_exists_in_the_cli():
     from nnhost.cli import build_parser
 
     known: set[str] = set()
-    pending = [build_parser(), _script_parser("suite"), _script_parser("gpu_check")]
+    pending = [build_parser(), _script_parser("suite"), _script_parser("gpu_check"), _script_parser("breakdown")]
     while pending:
         parser = pending.pop()
         for action in parser._actions:
