@@ -190,3 +190,29 @@ def test_a_parked_process_is_weighed_by_its_job_groups_charge():
         os.waitpid(pid, 0)
         groups.remove(pid)
         groups.close()
+
+
+def test_a_replicas_groups_are_removed_when_it_stops_even_while_its_processes_exit():
+    """`JobGroups.close` waits for a group's last process to go (left behind, a group per server)."""
+    import os
+    import signal
+    import time
+
+    from nnhost.execution.cgroups import JobGroups
+
+    groups = JobGroups("closing-test")
+    if not groups.available:
+        pytest.skip(f"no job groups here: {groups.problem}")
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    groups.attach(pid, 64 << 20, 16)
+    os.kill(pid, signal.SIGKILL)  # as the host kills its job processes at a stop ...
+    reaper = threading.Timer(0.3, os.waitpid, (pid, 0))  # ... and they are reaped a moment later
+    reaper.start()
+    try:
+        groups.close()
+        assert not os.path.exists(groups.memory_base), os.listdir(groups.memory_base)
+    finally:
+        reaper.join()

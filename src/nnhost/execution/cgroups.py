@@ -117,31 +117,41 @@ class JobGroups:
         """Remove the job's groups once its processes are gone (the kernel reaps them shortly)."""
         deadline = time.monotonic() + wait
         for path in self._paths(pid):
-            while True:
-                try:
-                    os.rmdir(path)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        break
-                    time.sleep(0.02)
+            _remove_when_empty(path, deadline)
 
-    def close(self) -> None:
+    def close(self, wait: float = 5.0) -> None:
+        """Remove every group this replica made, once the processes in them are gone.
+
+        Called as the replica stops, just after its host killed the job
+        processes: some are still exiting, and a group with a process in it
+        cannot be removed. Not waiting left a group per server started, and
+        each memory group holds one of the kernel's 65,535 ids until removed.
+        """
+        deadline = time.monotonic() + wait
         for base in (self.memory_base, self.pids_base):
             if not base:
                 continue
             try:
-                for entry in os.listdir(base):
-                    if entry.startswith("job-"):
-                        try:
-                            os.rmdir(os.path.join(base, entry))
-                        except OSError:
-                            pass
-                os.rmdir(base)
+                entries = [entry for entry in os.listdir(base) if entry.startswith("job-")]
             except OSError:
-                pass
+                continue
+            for entry in entries:
+                _remove_when_empty(os.path.join(base, entry), deadline)
+            _remove_when_empty(base, deadline)
+
+
+def _remove_when_empty(path: str, deadline: float) -> None:
+    """rmdir ``path``, trying again until ``deadline`` while something is still in it."""
+    while True:
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
 
 
 def group_memory(pid: int) -> Optional[int]:
