@@ -216,3 +216,30 @@ def test_a_replicas_groups_are_removed_when_it_stops_even_while_its_processes_ex
         assert not os.path.exists(groups.memory_base), os.listdir(groups.memory_base)
     finally:
         reaper.join()
+
+
+def test_groups_left_by_a_server_that_died_are_swept_when_the_next_starts():
+    """A server killed outright cannot remove its groups; the next one removes them (`cgroups.sweep_stale`)."""
+    import os
+
+    from nnhost.execution.cgroups import JobGroups
+
+    probe = JobGroups("sweep-probe")
+    if not probe.available:
+        pytest.skip(f"no job groups here: {probe.problem}")
+    parent = os.path.dirname(probe.memory_base)
+    probe.close()
+    dead = next(pid for pid in range(32000, 1000, -1) if not os.path.exists(f"/proc/{pid}"))
+    left = os.path.join(parent, f"nnhost-{dead}-org-model")
+    os.makedirs(os.path.join(left, f"job-{dead + 1}"))
+    live = os.path.join(parent, f"nnhost-{os.getpid()}-still-running")
+    os.makedirs(live)
+    try:
+        groups = JobGroups("sweeping-test")
+        assert not os.path.exists(left)
+        assert os.path.isdir(live)  # its server runs: never touched
+        groups.close()
+    finally:
+        for path in (os.path.join(left, f"job-{dead + 1}"), left, live):
+            if os.path.isdir(path):
+                os.rmdir(path)

@@ -56,6 +56,9 @@ class JobGroups:
         pids = _own_path("pids")
         if pids is not None and os.path.isdir(os.path.join(ROOT, "pids")):
             self.pids_base = os.path.join(ROOT, "pids", pids.lstrip("/"), f"nnhost-{os.getpid()}-{safe}")
+        for base in (self.memory_base, self.pids_base):
+            if base:
+                sweep_stale(os.path.dirname(base))
         try:
             os.makedirs(self.memory_base, exist_ok=True)
             if self.pids_base:
@@ -138,6 +141,42 @@ class JobGroups:
             for entry in entries:
                 _remove_when_empty(os.path.join(base, entry), deadline)
             _remove_when_empty(base, deadline)
+
+
+def sweep_stale(parent: str) -> int:
+    """Remove the empty groups that servers no longer running left in ``parent``; how many.
+
+    A server killed outright (SIGKILL, a crash) never removes its groups
+    (`JobGroups.close`). They are named for the server's pid
+    (``nnhost-PID-...``): where that pid is not running, whatever of them is
+    empty goes. A group with a process in it cannot be removed, so none that
+    is in use is touched.
+    """
+    removed = 0
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return 0
+    for entry in entries:
+        owner = entry.split("-")[1] if entry.startswith("nnhost-") and entry.count("-") >= 2 else ""
+        if not owner.isdigit() or os.path.exists(f"/proc/{owner}"):
+            continue
+        base = os.path.join(parent, entry)
+        try:
+            jobs = [name for name in os.listdir(base) if name.startswith("job-")]
+        except OSError:
+            continue
+        for name in jobs:
+            try:
+                os.rmdir(os.path.join(base, name))
+            except OSError:
+                pass
+        try:
+            os.rmdir(base)
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 def _remove_when_empty(path: str, deadline: float) -> None:
