@@ -257,13 +257,15 @@ def resident_bytes(pid: int) -> int:
     return int(line.split()[1]) * 1024
 
 
-def test_a_request_line_with_no_end_is_refused_without_growing_the_server(nnhost_server):
-    """An anonymous 96 MiB request line used to be held whole, and /ping took seconds."""
+def _send_without_end(nnhost_server, opening: bytes) -> tuple[int, bytes]:
+    """``opening``, then 1 MiB pieces of it (up to 96 MiB) until the server answers or closes.
+
+    The bytes sent after the opening, and the server's answer (empty if it only closed).
+    """
     import socket
 
-    before = resident_bytes(nnhost_server.process.pid)
     with socket.create_connection(("127.0.0.1", nnhost_server.port), timeout=30) as sock:
-        sock.sendall(b"GET /")
+        sock.sendall(opening)
         piece, sent, answer = b"a" * 2**20, 0, b""
         sock.settimeout(0.2)
         while sent < 96 * 2**20 and not answer:
@@ -276,6 +278,13 @@ def test_a_request_line_with_no_end_is_refused_without_growing_the_server(nnhost
                 answer = sock.recv(4096)
             except socket.timeout:
                 pass
+    return sent, answer
+
+
+def test_a_request_line_with_no_end_is_refused_without_growing_the_server(nnhost_server):
+    """An anonymous 96 MiB request line used to be held whole, and /ping took seconds."""
+    before = resident_bytes(nnhost_server.process.pid)
+    sent, answer = _send_without_end(nnhost_server, b"GET /")
     assert sent < 16 * 2**20, f"the server read {sent >> 20} MiB of one request line"
     assert answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer[:100]
     assert resident_bytes(nnhost_server.process.pid) - before < 64 * 2**20
@@ -287,20 +296,7 @@ def test_a_header_with_no_end_is_refused_but_a_large_head_and_body_pass(nnhost_s
     import socket
 
     before = resident_bytes(nnhost_server.process.pid)
-    with socket.create_connection(("127.0.0.1", nnhost_server.port), timeout=30) as sock:
-        sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\nX-Endless: ")
-        piece, sent, answer = b"a" * 2**20, 0, b""
-        sock.settimeout(0.2)
-        while sent < 96 * 2**20 and not answer:
-            try:
-                sock.sendall(piece)
-                sent += len(piece)
-            except OSError:
-                break
-            try:
-                answer = sock.recv(4096)
-            except socket.timeout:
-                pass
+    sent, answer = _send_without_end(nnhost_server, b"GET /ping HTTP/1.1\r\nHost: x\r\nX-Endless: ")
     assert sent < 16 * 2**20, f"the server read {sent >> 20} MiB of one header"
     assert answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer[:100]
     assert resident_bytes(nnhost_server.process.pid) - before < 64 * 2**20
