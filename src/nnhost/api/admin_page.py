@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 
-from ..jobs.job import Job, Status
+from ..jobs.job import UNFINISHED, Job, Status
 from ..storage.blocking import run_blocking
 from .admin import deploy_model, evict_model
 from .deps import server_of
@@ -31,9 +31,6 @@ if TYPE_CHECKING:
 
 router = APIRouter(include_in_schema=False)
 
-#: Statuses of a job that has not ended, as the operator sees them.
-OPEN = (Status.RECEIVED, Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING,
-        Status.DISPATCHED, Status.RUNNING)
 #: What the notice after each button says.
 DONE = {
     "cancel": "Cancelled job {target}.",
@@ -89,7 +86,7 @@ async def admin_page(request: Request, did: str = "", target: str = "") -> Respo
     if refusal is not None:
         return refusal
     server = server_of(request)
-    live = sorted(await server.jobs.with_status(OPEN), key=lambda job: job.created_at)
+    live = sorted(await server.jobs.with_status(UNFINISHED), key=lambda job: job.created_at)
     errors = await server.jobs.search(status=Status.ERROR, limit=RECENT_ERRORS)
     notice = DONE[did].format(target=target) if did in DONE and target else ""
     return render(

@@ -24,10 +24,10 @@ from typing import Optional
 ROOT = "/sys/fs/cgroup"
 
 
-def _own_path(controller: str) -> Optional[str]:
-    """This process's group in ``controller``'s v1 hierarchy ("" for the unified one)."""
+def _group_path(controller: str, pid: "int | str" = "self") -> Optional[str]:
+    """``pid``'s group in ``controller``'s v1 hierarchy ("" for the unified one)."""
     try:
-        with open("/proc/self/cgroup") as file:
+        with open(f"/proc/{pid}/cgroup") as file:
             for line in file:
                 _, controllers, path = line.rstrip("\n").split(":", 2)
                 if controller in controllers.split(","):
@@ -48,12 +48,12 @@ class JobGroups:
         if os.geteuid() != 0:
             self.problem = "needs root"
             return
-        memory = _own_path("memory")
+        memory = _group_path("memory")
         if memory is None or not os.path.isdir(os.path.join(ROOT, "memory")):
             self.problem = "no cgroup v1 memory controller mounted"
             return
         self.memory_base = os.path.join(ROOT, "memory", memory.lstrip("/"), f"nnhost-{os.getpid()}-{safe}")
-        pids = _own_path("pids")
+        pids = _group_path("pids")
         if pids is not None and os.path.isdir(os.path.join(ROOT, "pids")):
             self.pids_base = os.path.join(ROOT, "pids", pids.lstrip("/"), f"nnhost-{os.getpid()}-{safe}")
         for base in (self.memory_base, self.pids_base):
@@ -132,15 +132,8 @@ class JobGroups:
         """
         deadline = time.monotonic() + wait
         for base in (self.memory_base, self.pids_base):
-            if not base:
-                continue
-            try:
-                entries = [entry for entry in os.listdir(base) if entry.startswith("job-")]
-            except OSError:
-                continue
-            for entry in entries:
-                _remove_when_empty(os.path.join(base, entry), deadline)
-            _remove_when_empty(base, deadline)
+            if base:
+                _remove_groups(base, deadline)
 
 
 def sweep_stale(parent: str) -> int:
@@ -161,22 +154,21 @@ def sweep_stale(parent: str) -> int:
         owner = entry.split("-")[1] if entry.startswith("nnhost-") and entry.count("-") >= 2 else ""
         if not owner.isdigit() or os.path.exists(f"/proc/{owner}"):
             continue
-        base = os.path.join(parent, entry)
-        try:
-            jobs = [name for name in os.listdir(base) if name.startswith("job-")]
-        except OSError:
-            continue
-        for name in jobs:
-            try:
-                os.rmdir(os.path.join(base, name))
-            except OSError:
-                pass
-        try:
-            os.rmdir(base)
-            removed += 1
-        except OSError:
-            pass
+        # No waiting: a group still in use stays as it is.
+        removed += _remove_groups(os.path.join(parent, entry), time.monotonic())
     return removed
+
+
+def _remove_groups(base: str, deadline: float) -> bool:
+    """Remove ``base`` and its job groups, each once empty (`_remove_when_empty`); whether it went."""
+    try:
+        entries = [entry for entry in os.listdir(base) if entry.startswith("job-")]
+    except OSError:
+        return False
+    for entry in entries:
+        _remove_when_empty(os.path.join(base, entry), deadline)
+    _remove_when_empty(base, deadline)
+    return not os.path.exists(base)
 
 
 def _remove_when_empty(path: str, deadline: float) -> None:
@@ -203,15 +195,10 @@ def group_memory(pid: int) -> Optional[int]:
     Read from the kernel, in O(1): the group's path from ``/proc``, which the
     process cannot change (it has no write access to any group).
     """
+    path = _group_path("memory", pid)
+    if path is None or os.path.basename(path) != f"job-{pid}":
+        return None
     try:
-        path = None
-        with open(f"/proc/{pid}/cgroup") as file:
-            for line in file:
-                _, controllers, where = line.rstrip("\n").split(":", 2)
-                if "memory" in controllers.split(","):
-                    path = where
-        if path is None or os.path.basename(path) != f"job-{pid}":
-            return None
         counts = {}
         with open(os.path.join(ROOT, "memory", path.lstrip("/"), "memory.stat")) as file:
             for line in file:

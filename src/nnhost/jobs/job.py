@@ -33,6 +33,9 @@ class Status(str, Enum):
         return self.value in FINAL_STATUSES
 
 
+#: The statuses of a job that has not ended (LOG is a line, not a status a job is in).
+UNFINISHED = tuple(status for status in Status if status is not Status.LOG and not status.final)
+
 _WAITING = {Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING}
 
 ALLOWED: dict[Status, set[Status]] = {

@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from ..db import Database
 from ..db import connect as _connect_database
 from ..db.tables import job_logs, jobs
-from .job import InvalidTransition, Job, Status, check_transition
+from .job import UNFINISHED, InvalidTransition, Job, Status, check_transition
 
 
 def connect(target: Union[Path, str]) -> Database:
@@ -49,7 +49,7 @@ _CREATE = insert(jobs)
 #: A user's jobs that have not ended, found through the status index: the
 #: unfinished are few, while a user's jobs of all time grow without end.
 _UNFINISHED = select(func.count()).where(
-    jobs.c.status.in_(sorted(s.value for s in Status if s is not Status.LOG and not s.final)),
+    jobs.c.status.in_([status.value for status in UNFINISHED]),
     jobs.c.user_id == bindparam("user_id"),
 )
 _TRANSITION = (
