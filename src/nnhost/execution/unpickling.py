@@ -83,6 +83,9 @@ if TYPE_CHECKING:
         memo: dict[int, Any]
         read: Callable[[int], bytes]
         readline: Callable[[], bytes]
+        readinto: Callable[[Any], int]
+        append: Callable[[Any], None]
+        proto: int
         _file_read: Callable[[int], bytes]
         _file_readline: Callable[[], bytes]
 
@@ -99,6 +102,14 @@ if TYPE_CHECKING:
 
 else:
     _PythonUnpickler = pickle._Unpickler
+
+
+class _Loaded(Exception):
+    """STOP: the payload's object is built; it leaves the opcode loop with this."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__()
+        self.value = value
 
 
 class RestrictedUnpickler(_PythonUnpickler):
@@ -424,15 +435,17 @@ class RestrictedUnpickler(_PythonUnpickler):
         # stream can fetch the run at once; the opcodes read the same without
         # it. The payload is already in memory, and pickle's per-frame buffer
         # cost a Python call on every read of every opcode (about two thirds
-        # of a small payload's load): from the first frame on, read the
-        # payload itself. Only the opcode byte of pickle's own loop still
-        # passes through that buffer, which is then empty.
+        # of a small payload's load): `_run_opcodes` reads the payload itself,
+        # and a frame is only its length, skipped.
         if len(self._file_read(8)) != 8:
             raise pickle.UnpicklingError("the payload ends inside a frame's length")
-        self.read = self._file_read
-        self.readline = self._file_readline
 
     dispatch[pickle.FRAME[0]] = load_frame
+
+    def load_stop(self) -> None:
+        raise _Loaded(self.stack.pop())
+
+    dispatch[pickle.STOP[0]] = load_stop
 
     for _opcode in (pickle.INST, pickle.OBJ, pickle.EXT1, pickle.EXT2, pickle.EXT4):
         dispatch[_opcode[0]] = _refuse_opcode
@@ -444,10 +457,38 @@ class RestrictedUnpickler(_PythonUnpickler):
         # Library code that evaluates strings (sympy, typing) treats what runs
         # during the load as user code: a payload's objects are the user's.
         with untrusted():
-            result = super().load()
+            result = self._run_opcodes()
         # What was not built is refused first: it says more than a wrong shape.
         self._refuse_what_is_still_needed()
         return self._check_payload(result)
+
+    def _run_opcodes(self) -> Any:
+        """pickle's own loop of opcodes, with every read straight from the payload.
+
+        ``pickle._Unpickler.load`` puts its frame buffer between each read and
+        the payload, a Python call per opcode even once `load_frame` has
+        emptied it; the opcodes themselves, overridden or not, are the same.
+        """
+        read = self.read = self._file_read
+        self.readline = self._file_readline
+        self.readinto = self._read_into
+        self.metastack, self.stack = [], []
+        self.append = self.stack.append
+        self.proto = 0
+        dispatch = self.dispatch
+        try:
+            while True:
+                opcode = read(1)
+                if not opcode:
+                    raise EOFError("the payload ends before its STOP opcode")
+                dispatch[opcode[0]](self)
+        except _Loaded as loaded:
+            return loaded.value
+
+    def _read_into(self, buffer: Any) -> int:
+        size = len(buffer)
+        buffer[:] = self._file_read(size)
+        return size
 
     def _refuse_what_is_still_needed(self) -> None:
         """Refuse the payload if a part that was not built is still reachable from it."""
