@@ -26,7 +26,7 @@ from typing import Callable, Iterable, Optional, Union, Unpack
 from ..config import Settings
 from ..execution.events import JobEvent, JobSpec
 from ..jobs.bus import EventBus
-from ..jobs.job import Job, Status
+from ..jobs.job import NOT_STARTED, Job, Status
 from ..jobs.observer import JobObserver
 from ..jobs.store import Changes, JobStore
 from ..jobs.text import clean_text
@@ -328,9 +328,7 @@ class JobService:
         if job.status.final:
             return False
         job = self.recorder.take(job)
-        if self.scheduler.remove(job.deployment, job.id) or job.status in (
-            Status.RECEIVED, Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING
-        ):
+        if self.scheduler.remove(job.deployment, job.id) or job.status in NOT_STARTED:
             self._announced.pop(job.id, None)
             self._record(job.id, Status.ERROR, "Your request was cancelled while it was queued.")
             self._drop_payload(job.id)

@@ -21,7 +21,7 @@ import time
 from typing import Callable, Optional
 
 from ..config import Settings
-from ..jobs.job import Job, Status
+from ..jobs.job import NOT_STARTED, Job, Status
 from ..jobs.store import JobStore
 from ..storage.blocking import run_blocking
 from ..storage.payloads import JobPayloads
@@ -110,11 +110,10 @@ class Upkeep:
     def _left_behind(self) -> list[tuple[Job, bool]]:
         """Blocking: the jobs a previous controller left unfinished, each with whether its
         payload is here to run it (asked only of a job that has not started)."""
-        waiting = (Status.RECEIVED, Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING)
         return [
             (job, job.status is not Status.RUNNING and job.started_at is None
              and self._payload_here(job.id))
-            for job in self.store.with_status(waiting + (Status.DISPATCHED, Status.RUNNING))
+            for job in self.store.with_status(NOT_STARTED + (Status.DISPATCHED, Status.RUNNING))
         ]
 
     def _payload_here(self, job_id: str) -> bool:

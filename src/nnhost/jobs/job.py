@@ -36,6 +36,9 @@ class Status(str, Enum):
 #: The statuses of a job that has not ended (LOG is a line, not a status a job is in).
 UNFINISHED = tuple(status for status in Status if status is not Status.LOG and not status.final)
 
+#: The statuses of a job not yet handed to a replica: nothing of it has run.
+NOT_STARTED = (Status.RECEIVED, Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING)
+
 _WAITING = {Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING}
 
 ALLOWED: dict[Status, set[Status]] = {
