@@ -446,7 +446,9 @@ def print_throughput(rates: dict[str, dict[int, list[float]]], ndif: bool) -> No
             ndif_mean = statistics.mean(rates["ndif"][count])
             print(f"  {count:>3} clients  against NDIF: " + ", ".join(
                 f"{name} {statistics.mean(rates[name][count]) / ndif_mean:.2f}x"
-                for name in names if name not in ("floor", "ndif")))
+                for name in names if name != "ndif"))
+        print("  The floor's ratio bounds what any server can show against NDIF here: the"
+              " clients share these cores, and the floor does nothing but run the trace.")
     else:
         print("  NDIF: not measured (no --ndif URL): start the reference server, serving this"
               f" benchmark's {REPO_ID}, and name it.")
