@@ -11,7 +11,9 @@ server and client count; between rounds they wait on their pipe.
 A round: the parent names a server, a start time and a length; each chosen
 client runs traces back to back from the start time and counts those that
 finished, with a correct result, before the end. Jobs in flight at the end
-are not counted, the same for every server.
+are not counted, the same for every server. Each client also reports the CPU
+its own process used in the round: with the clients on the server's cores,
+that sets a ceiling no server can pass (`ClientPool.client_cpu_per_job`).
 """
 
 from __future__ import annotations
@@ -51,10 +53,11 @@ def _client(connection, repo: str) -> None:
         if order is None:
             return
         url, start_at, seconds, expected, key = order
-        done, error = 0, None
+        done, error, cpu = 0, None, 0.0
         try:
             while time.time() < start_at:
                 time.sleep(0.001)
+            cpu = time.process_time()
             end = start_at + seconds
             while time.time() < end:
                 logits = _trace(model, RemoteBackend(model.to_model_key(), host=url, api_key=key))
@@ -66,7 +69,7 @@ def _client(connection, repo: str) -> None:
                 done += 1
         except BaseException:  # noqa: BLE001
             error = traceback.format_exc()
-        connection.send(("done", (done, error)))
+        connection.send(("done", (done, error, time.process_time() - cpu)))
 
 
 def _close(value, expected) -> bool:
@@ -92,6 +95,9 @@ class ClientPool:
             process.start()
             self._pipes.append(parent)
             self._processes.append(process)
+        #: CPU seconds the clients' own processes spent per finished job in the last
+        #: round (every thread of each: nnsight's websocket threads too).
+        self.client_cpu_per_job = 0.0
         for pipe in self._pipes:
             if not pipe.poll(timeout):
                 raise RuntimeError("a client process did not load nnsight in time")
@@ -114,16 +120,18 @@ class ClientPool:
         chosen = self._pipes[:clients]
         for n, pipe in enumerate(chosen):
             pipe.send((url, start_at, seconds, expected, keys[n] if keys is not None else None))
-        total, errors = 0, []
+        total, errors, cpu = 0, [], 0.0
         for pipe in chosen:
             if not pipe.poll(seconds + 300):
                 raise RuntimeError("a client process did not report back")
-            _, (done, error) = pipe.recv()
+            _, (done, error, used) = pipe.recv()
             total += done
+            cpu += used
             if error:
                 errors.append(error)
         if errors:
             raise RuntimeError(f"{len(errors)} clients failed; the first:\n{errors[0]}")
+        self.client_cpu_per_job = cpu / total if total else 0.0
         return total / seconds
 
     def close(self, timeout: Optional[float] = 10.0) -> None:

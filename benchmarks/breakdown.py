@@ -35,7 +35,10 @@ Then **throughput**: real nnsight client processes (`bench_clients.ClientPool`,
 the blocking client through the websocket, each result checked against the
 local one) run traces back to back for ``--seconds`` against each server in
 turn, two rounds, at each of ``--clients`` (8 and 16 by default); the table
-gives jobs per second and each nnhost design's ratio to the floor. The issue
+gives jobs per second and each nnhost design's ratio to the floor, and the
+clients' own CPU per job: the clients share the server's cores, so no server
+can pass the cores divided by it (the floor, whose one process runs both HTTP
+and traces, is no such bound). The issue
 "faster than NDIF" also asks for the reference NDIF server beside them when it
 is installed. Its stack (Ray, Redis, its API under gunicorn, a model deployed
 to it) is the operator's to start, in its own environment: ``--ndif URL``
@@ -398,6 +401,8 @@ def print_table(results: dict[str, list[dict[str, float]]], metas: dict[str, lis
 # --- throughput ------------------------------------------------------------------------
 
 ROUNDS = 2
+#: A figure per server, per client count, per round (jobs/s; or the clients' CPU seconds per job).
+Rates = dict[str, dict[int, list[float]]]
 
 
 #: The throughput rows besides one user's (every client uses the same key): as
@@ -406,8 +411,9 @@ A_USER_EACH = "a user each"
 
 
 def measure_throughput(urls: dict[str, str], counts: list[int], seconds: float, expected: Any,
-                       keys: dict[str, list[str]]) -> dict[str, dict[int, list[float]]]:
-    """Jobs per second of each server at each client count, ``ROUNDS`` rounds, servers alternating.
+                       keys: dict[str, list[str]]) -> tuple[Rates, Rates]:
+    """Jobs per second of each server at each client count, ``ROUNDS`` rounds, servers alternating;
+    and the clients' own CPU seconds per job in each of those rounds.
 
     Each server named in ``keys`` is also measured with a user per client
     (rows named ``"<server>, a user each"``); the others with one user only.
@@ -416,18 +422,20 @@ def measure_throughput(urls: dict[str, str], counts: list[int], seconds: float, 
     pool = ClientPool(max(counts), REPO_ID)
     runs = [(name, url, None) for name, url in urls.items()]
     runs += [(f"{name}, {A_USER_EACH}", urls[name], keys[name]) for name in urls if name in keys]
-    rates: dict[str, dict[int, list[float]]] = {name: {count: [] for count in counts} for name, _, _ in runs}
+    rates: Rates = {name: {count: [] for count in counts} for name, _, _ in runs}
+    client_cpu: Rates = {name: {count: [] for count in counts} for name, _, _ in runs}
     try:
         for count in counts:
             for _ in range(ROUNDS):
                 for name, url, each in runs:
                     rates[name][count].append(pool.rate(url, count, seconds, expected, each))
+                    client_cpu[name][count].append(pool.client_cpu_per_job)
     finally:
         pool.close()
-    return rates
+    return rates, client_cpu
 
 
-def print_throughput(rates: dict[str, dict[int, list[float]]], ndif: bool) -> None:
+def print_throughput(rates: Rates, client_cpu: Rates, ndif: bool) -> None:
     names = list(rates)
     counts = list(rates[names[0]])
     print()
@@ -441,14 +449,21 @@ def print_throughput(rates: dict[str, dict[int, list[float]]], ndif: bool) -> No
             values = rates[name][count]
             ratio = "" if name == "floor" else f"   {statistics.mean(values) / floor_mean:.2f}x the floor"
             print(f"  {count:>3} clients  {name:<{width}}  " + "  ".join(f"{v:6.1f}" for v in values) + ratio)
+    # The clients run on these cores too: their own CPU per job caps every server.
+    cores = os.cpu_count() or 1
+    ceilings = {}
+    for count in counts:
+        per_job = statistics.median(v for name in names for v in client_cpu[name][count] if v > 0)
+        ceilings[count] = cores / per_job
+        print(f"  {count:>3} clients  the clients' own CPU: {per_job * 1000:.1f} ms per job, so on"
+              f" {cores} cores no server can pass {ceilings[count]:.1f} jobs/s")
     if ndif:
         for count in counts:
             ndif_mean = statistics.mean(rates["ndif"][count])
             print(f"  {count:>3} clients  against NDIF: " + ", ".join(
                 f"{name} {statistics.mean(rates[name][count]) / ndif_mean:.2f}x"
-                for name in names if name != "ndif"))
-        print("  The floor's ratio bounds what any server can show against NDIF here: the"
-              " clients share these cores, and the floor does nothing but run the trace.")
+                for name in names if name != "ndif")
+                + f"; the clients' ceiling {ceilings[count] / ndif_mean:.2f}x")
     else:
         print("  NDIF: not measured (no --ndif URL): start the reference server, serving this"
               f" benchmark's {REPO_ID}, and name it.")
@@ -535,14 +550,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                              for stamps, meta in zip(all_stamps[design], metas[design])
                              if meta["job_id"] in rows]
         print_row_spans(spans)
-        rates: dict[str, dict[int, list[float]]] = {}
+        rates: Rates = {}
+        client_cpu: Rates = {}
         if counts:
             keys = {design: server.user_keys(max(counts), "bench") for design, server in servers.items()}
-            rates = measure_throughput(urls, counts, args.seconds, expected.detach(), keys)
-            print_throughput(rates, bool(args.ndif))
+            rates, client_cpu = measure_throughput(urls, counts, args.seconds, expected.detach(), keys)
+            print_throughput(rates, client_cpu, bool(args.ndif))
         if args.json is not None:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({"stages": results, "meta": metas, "throughput": rates}, indent=1))
+            args.json.write_text(json.dumps({"stages": results, "meta": metas, "throughput": rates,
+                                              "client_cpu_per_job": client_cpu}, indent=1))
         return 0
     finally:
         for server in servers.values():
