@@ -26,9 +26,11 @@ What is measured, all on the client's clock (one clock, so no skew): a
 subclass of the client's `RemoteBackend` that only stamps times around the
 methods the client already calls (serialize, POST, each websocket frame's
 arrival, download, load), and the wall time around ``with model.trace(...)``.
-Nothing in nnsight is modified. Between RUNNING and COMPLETED, the job's own
-``meta`` (``total_seconds``, ``runtime``, ``integrity_seconds``) splits the
-stage further; those figures come from the job process about itself, so they
+Nothing in nnsight is modified. Around RUNNING and COMPLETED, the job's own
+``meta`` splits the stages further: ``total_seconds``, of it
+``deserialize_seconds`` (reading the request), ``runtime`` and
+``serialize_seconds`` (writing the result), and ``integrity_seconds``; those
+figures come from the job process about itself, so they
 are shown for display only, never subtracted into a stage of the table's sum.
 
 Then **throughput**: real nnsight client processes (`bench_clients.ClientPool`,
@@ -382,14 +384,14 @@ def print_table(results: dict[str, list[dict[str, float]]], metas: dict[str, lis
     print()
     print("Inside RUNNING -> COMPLETED (and before it), what the job process says of itself"
           " (display only, medians, ms):")
-    keys = ["total_seconds", "runtime", "integrity_seconds"]
-    print("  " + "  ".join(f"{k:>18}" for k in ["server", *keys]))
+    keys = ["total_seconds", "deserialize_seconds", "runtime", "serialize_seconds", "integrity_seconds"]
+    print("  " + "  ".join(f"{k:>19}" for k in ["server", *keys]))
     for name in names:
         cells = []
         for key in keys:
             values = [m[key] * 1000 for m in metas[name] if isinstance(m.get(key), (int, float))]
             cells.append(f"{statistics.median(values):.2f}" if values else "-")
-        print("  " + "  ".join(f"{c:>18}" for c in [name, *cells]))
+        print("  " + "  ".join(f"{c:>19}" for c in [name, *cells]))
     print()
     print("A stage whose frame a server never sends (the floor has no QUEUED, DISPATCHED,")
     print("RUNNING) counts 0 and its time falls into the next stage. Medians per stage need")

@@ -209,6 +209,8 @@ def test_async_backend_streams_lifecycle_and_prints_live(server, remote_model, l
     assert completed_at - logs[0][0] > 1.0
     completed = updates[-2][1]
     assert completed.meta["runtime"] >= 1.5 and "peak_memory_bytes" in completed.meta
+    # The job's own phases around its run: reading the request, writing the result.
+    assert completed.meta["deserialize_seconds"] >= 0 and completed.meta["serialize_seconds"] >= 0
     assert_same(result, {"logits": trace_with_saves(local_model, False)["logits"]})
 
 

@@ -208,7 +208,9 @@ class Runner:
             # modules, which exist only once the adapter is in the tree.
             adapter = self._unpack_adapter(spec)
             self._apply_env(spec.env, adapter)
+            reading = time.perf_counter()
             tracer = self._deserialize(spec, adapter is not None)
+            meta["deserialize_seconds"] = round(time.perf_counter() - reading, 6)
             emit(JobEvent(spec.job_id, "RUNNING", "Running your request."))
             with MemoryMeter() as meter:
                 execution_started = time.perf_counter()
@@ -217,6 +219,7 @@ class Runner:
                 finally:
                     meta["runtime"] = round(time.perf_counter() - execution_started, 6)
             meta.update(meter.report())
+            writing = time.perf_counter()
             data = self._serialize(saves, spec.compress)
             meta["result_bytes"] = len(data)
             if spec.max_result_bytes and len(data) > spec.max_result_bytes:
@@ -230,6 +233,7 @@ class Runner:
                 write_all(spec.result_fd, data)
             else:
                 write_atomically(spec.result_path, data)
+            meta["serialize_seconds"] = round(time.perf_counter() - writing, 6)
             meta["total_seconds"] = round(time.perf_counter() - started, 6)
             names = ", ".join(sorted(saves)) or "nothing"
             emit(
