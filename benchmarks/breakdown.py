@@ -29,9 +29,9 @@ arrival, download, load), and the wall time around ``with model.trace(...)``.
 Nothing in nnsight is modified. Around RUNNING and COMPLETED, the job's own
 ``meta`` splits the stages further: ``total_seconds``, of it
 ``deserialize_seconds`` (reading the request), ``runtime`` and
-``serialize_seconds`` (writing the result), and ``integrity_seconds``; those
-figures come from the job process about itself, so they
-are shown for display only, never subtracted into a stage of the table's sum.
+``serialize_seconds`` (writing the result), and ``integrity_seconds``. Those
+figures come from the job process about itself, so they are shown for
+display only, never subtracted into a stage of the table's sum.
 
 Then **throughput**: real nnsight client processes (`bench_clients.ClientPool`,
 the blocking client through the websocket, each result checked against the

@@ -21,7 +21,7 @@ import time
 from typing import Callable, Optional
 
 from ..config import Settings
-from ..jobs.job import NOT_STARTED, Job, Status
+from ..jobs.job import UNFINISHED, Job, Status
 from ..jobs.store import JobStore
 from ..storage.blocking import run_blocking
 from ..storage.payloads import JobPayloads
@@ -113,7 +113,7 @@ class Upkeep:
         return [
             (job, job.status is not Status.RUNNING and job.started_at is None
              and self._payload_here(job.id))
-            for job in self.store.with_status(NOT_STARTED + (Status.DISPATCHED, Status.RUNNING))
+            for job in self.store.with_status(UNFINISHED)
         ]
 
     def _payload_here(self, job_id: str) -> bool:

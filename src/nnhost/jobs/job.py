@@ -39,7 +39,8 @@ UNFINISHED = tuple(status for status in Status if status is not Status.LOG and n
 #: The statuses of a job not yet handed to a replica: nothing of it has run.
 NOT_STARTED = (Status.RECEIVED, Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING)
 
-_WAITING = {Status.QUEUED, Status.PROVISIONING, Status.DEPLOYING}
+#: Where a job waits for a replica (RECEIVED is where it enters, never returns to).
+_WAITING = set(NOT_STARTED) - {Status.RECEIVED}
 
 ALLOWED: dict[Status, set[Status]] = {
     Status.RECEIVED: _WAITING | {Status.ERROR},
