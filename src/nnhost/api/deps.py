@@ -8,6 +8,7 @@ and `admit` are coroutines that make those calls through `run_blocking`.
 
 from __future__ import annotations
 
+import re
 from typing import Optional, cast
 
 from fastapi import HTTPException, Request, WebSocket
@@ -157,6 +158,21 @@ def version_below(sent: str, minimum: str) -> bool:
         return Version(sent) < Version(minimum)
     except InvalidVersion:
         return False
+
+
+#: The release at the start of ``sys.version`` (``3.12.1``, ``3.13.0rc2``, ``3.14.0a1+``).
+_PYTHON_RELEASE = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}(?:\.[0-9]{1,3})?(?:(?:a|b|rc)[0-9]{1,3})?\+?")
+
+
+def client_python(request: Request) -> str:
+    """The Python the client runs on, from its ``python-version`` header (``sys.version``).
+
+    Only the release travels on (into the job's row and its process), and only
+    when it reads as one: the header is the client's word, used to translate
+    and to explain, never to decide what a payload may do.
+    """
+    sent = request.headers.get("python-version", "").strip().split(" ", 1)[0]
+    return sent if _PYTHON_RELEASE.fullmatch(sent) else ""
 
 
 def check_client_version(request: Request) -> None:

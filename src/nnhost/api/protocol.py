@@ -29,6 +29,7 @@ from .deps import (
     BodyTooLarge,
     bounded,
     check_client_version,
+    client_python,
     identify,
     require_admitted,
     require_principal,
@@ -99,6 +100,7 @@ async def submit_request(request: Request) -> Response:
     principal, limits = await require_admitted(request)
     form = await _read_form(request, limits.request_bytes)
     submission = _parse_envelope(form.get("data"))
+    submission.client_python = client_python(request)
     upload = form.get("blob")
     if not isinstance(upload, UploadFile):
         raise HTTPException(422, "The form file 'blob' is missing: it must hold the serialized trace.")

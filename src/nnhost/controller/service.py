@@ -179,6 +179,7 @@ class JobService:
                 payload_path=str(payload_path),
                 compress=job.compress,
                 env=job.env,
+                client_python=job.client_python,
                 result_path=str(self.results.staging_path(job.id)),
                 time_limit=self.settings.time_limit,
                 max_result_bytes=self.settings.max_result_bytes,

@@ -83,6 +83,9 @@ jobs = Table(
     #: so a controller that takes over fails it rather than running it again.
     Column("started_at", Seconds),
     Column("priority", Integer, nullable=False, server_default="0"),
+    #: The client's Python (``3.12.1``), from its ``python-version`` header: the payload's
+    #: reader translates or refuses what that Python records and the server's cannot.
+    Column("client_python", Text, nullable=False, server_default=""),
     Index("jobs_by_status", "status"),
     Index("jobs_by_user", "user_id", "created_at"),
 )

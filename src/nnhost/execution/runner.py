@@ -306,7 +306,10 @@ class Runner:
         else:
             with open(spec.payload_path, "rb") as file:
                 blob = file.read()
-        kwargs = {} if self.unpickler is None else {"unpickler": self.unpickler}
+        unpickler = self.unpickler
+        if unpickler is not None and spec.client_python:
+            unpickler = unpickler.for_client(spec.client_python)
+        kwargs = {} if unpickler is None else {"unpickler": unpickler}
         # An adapter rebuilt the envoy tree: its modules are persistent objects too.
         objects = self.model._remoteable_persistent_objects() if tree_changed else self.persistent_objects
         try:

@@ -43,6 +43,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, TypeVar, cast
 
 from .library_hardening import untrusted
+from .python_versions import cannot_express, same_release, translate_state
 from .sandbox import (
     SandboxPolicy,
     attribute_problem,
@@ -120,6 +121,13 @@ class RestrictedUnpickler(_PythonUnpickler):
 
     policy: SandboxPolicy = SandboxPolicy()
     builtins_dict: dict[str, Any] = {}
+    #: The Python that pickled the payload (``3.12.1``), when the client said (`for_client`).
+    client_python: str = ""
+
+    @classmethod
+    def for_client(cls, client_python: str) -> type[RestrictedUnpickler]:
+        """This unpickler for one payload, knowing which Python wrote it."""
+        return cast("type[RestrictedUnpickler]", type(cls.__name__, (cls,), {"client_python": client_python}))
 
     def __init__(self, file: Any, persistent_objects: Optional[dict[Any, Any]] = None) -> None:
         super().__init__(file)
@@ -341,7 +349,14 @@ class RestrictedUnpickler(_PythonUnpickler):
         if is_image(target):
             build_image(target, self.stack.pop())
             return
-        _PythonUnpickler.load_build(self)
+        self.stack[-1] = translate_state(target, self.stack[-1])
+        try:
+            _PythonUnpickler.load_build(self)
+        except AttributeError as error:
+            # A name the client's Python records and this one's class has no room for.
+            if not self.client_python or same_release(self.client_python):
+                raise
+            raise cannot_express(target, error, self.client_python) from None
 
     def _build_forward_ref(self, target: typing.ForwardRef, state: Any) -> None:
         """An annotation's ``"TreeNode"``: rebuilt from its text, never from the sent code.

@@ -96,6 +96,18 @@ def _attribute(module: str, name: str) -> Any:
     return resolve
 
 
+def _attribute_or(module: str, name: str, older: str) -> Any:
+    """``module.name``, or on a Python before it, ``module.older`` (what it stands for)."""
+
+    def resolve() -> Any:
+        import importlib
+
+        found = importlib.import_module(module)
+        return getattr(found, name, None) or getattr(found, older)
+
+    return resolve
+
+
 def _cached(make: Any) -> Any:
     made: list[Any] = []
 
@@ -121,6 +133,13 @@ DEFINITION_GLOBALS: dict[tuple[str, str], Any] = {
     },
     ("dataclasses", "_MISSING_TYPE"): _cached(_missing),
     ("dataclasses", "_HAS_DEFAULT_FACTORY_CLASS"): _cached(_has_default_factory),
+    # A dataclass from Python 3.13 has ``__replace__ = dataclasses._replace`` (for
+    # ``copy.replace``, which earlier Pythons lack): there, ``dataclasses.replace``
+    # does the same. Named only, never called by the payload.
+    ("dataclasses", "_replace"): _attribute_or("dataclasses", "_replace", "replace"),
+    # From Python 3.13 a dataclass's ``__repr__`` is wrapped by ``reprlib.recursive_repr``,
+    # whose wrapper names the thread-id function it keys running calls by. Named only.
+    ("_thread", "get_ident"): _attribute("_thread", "get_ident"),
     **{
         ("enum", name): _attribute("enum", name)
         for name in (

@@ -46,6 +46,8 @@ class Submission:
     session_id: str
     compress: bool
     env: dict[str, Any]
+    #: The Python the client ran on (`api.deps.client_python`), empty if unknown.
+    client_python: str = ""
 
 
 class ControllerLink(Protocol):
@@ -112,6 +114,7 @@ class JobFront:
             session_id=submission.session_id,
             compress=submission.compress,
             env=submission.env,
+            client_python=submission.client_python,
             status=Status.RECEIVED,
             description=f"Your request for {spec.name} was received.",
             base_url=base_url,

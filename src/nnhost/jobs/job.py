@@ -89,3 +89,5 @@ class Job:
     priority: bool = False
     #: When the controller handed it to a replica: from then on it may have run.
     started_at: Optional[float] = None
+    #: The Python the client ran on (``3.12.1``; empty when it did not say).
+    client_python: str = ""

@@ -186,6 +186,7 @@ class JobStore:
                     "updated_at": job.updated_at,
                     "base_url": job.base_url,
                     "priority": int(job.priority),
+                    "client_python": job.client_python,
                 },
             )
         return job
@@ -308,4 +309,5 @@ def _job(row: RowMapping) -> Job:
         result_expires_at=row["result_expires_at"],
         priority=bool(row["priority"]),
         started_at=row["started_at"],
+        client_python=row["client_python"],
     )
