@@ -13,8 +13,10 @@ import io
 import os
 import pickle
 import types
+import typing
 from typing import Any
 
+from .made_classes import by_reference, forward_ref_reduce, remade_class_reduce
 from .shipped_classes import client_class_id
 
 _PROTOCOL = 4
@@ -34,12 +36,17 @@ class _ResultPickler(pickle.Pickler):
       it, as a local run keeps it on the tensor.
     * A class the client shipped goes back as the id the client's cloudpickle
       gave it, so its instances arrive as instances of the user's own class
-      (cloudpickle resolves the id in the client's process). Nothing else
-      goes by value: a function or a class made during the run is refused, as
-      the server sends no code of its own making to a client.
+      (cloudpickle resolves the id in the client's process).
+    * A class made during the run (a named tuple, a dataclass, an enum, a
+      class statement in a helper) goes back as the standard-library call
+      that makes an equivalent one on the client (`made_classes`). No code
+      goes by value: a function made during the run is refused, as the
+      server sends no code of its own making to a client.
     """
 
     def reducer_override(self, obj: Any) -> Any:
+        import enum
+
         import torch
 
         if isinstance(obj, torch.Tensor):
@@ -48,6 +55,16 @@ class _ResultPickler(pickle.Pickler):
             client_id = client_class_id(obj)
             if client_id is not None:
                 return _client_class_reduce(obj, client_id)
+            if not by_reference(obj):
+                return remade_class_reduce(obj) or NotImplemented
+        elif isinstance(obj, enum.Enum) and not by_reference(type(obj)):
+            # A functional-API enum whose module Python could not tell is made
+            # unpicklable by its own ``__reduce_ex__``; the member is its value.
+            return (type(obj), (obj._value_,))
+        elif isinstance(obj, typing.ForwardRef):
+            # An annotation's text (a ``typing.NamedTuple`` field under ``from
+            # __future__ import annotations``) holds its compiled code: the text goes.
+            return forward_ref_reduce(obj)
         return NotImplemented
 
 
