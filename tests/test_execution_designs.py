@@ -126,7 +126,11 @@ def test_a_dead_template_is_replaced_and_the_model_serves_again(mapped_server, r
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not templates() or templates() == first):
         time.sleep(0.2)
-    assert templates() and templates() != first, "no new template was started"
+    if not templates() or templates() == first:
+        table = processes()
+        tree = {pid: table[pid] for pid in descendants(mapped_server.process.pid, table)}
+        log = mapped_server.log_path.read_text(errors="replace")[-6000:]
+        raise AssertionError(f"no new template was started.\nProcesses: {tree}\nServer log:\n{log}")
     mapped_server.wait_running(120)
 
     def program(model, remote):

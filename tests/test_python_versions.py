@@ -92,3 +92,16 @@ def test_the_clients_python_is_read_from_its_header_only_when_it_is_a_release():
     assert sent("3.14.0rc2 (main)") == "3.14.0rc2"
     assert sent("'; DROP TABLE jobs") == ""
     assert sent("") == ""
+
+
+def test_a_name_of_a_newer_python_is_refused_naming_both_pythons():
+    data = b"\x80\x04ctyping\nNoSuchConstructYet\n."
+    with pytest.raises(RefusedPayload) as refused:
+        _load(data, client_python="3.99.1")
+    message = str(refused.value)
+    assert "typing.NoSuchConstructYet" in message
+    assert f"Python {server_python()} on this server has no such name" in message
+    assert "Python 3.99.1" in message
+    with pytest.raises(RefusedPayload) as refused:
+        _load(data)
+    assert "no such name on this server" in str(refused.value)

@@ -43,7 +43,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, TypeVar, cast
 
 from .library_hardening import untrusted
-from .python_versions import cannot_express, same_release, translate_state
+from .python_versions import cannot_express, same_release, server_python, translate_state
 from .sandbox import (
     SandboxPolicy,
     attribute_problem,
@@ -227,8 +227,17 @@ class RestrictedUnpickler(_PythonUnpickler):
             try:
                 value = getattr(value, part)
             except AttributeError:
-                raise refuse(qualified, "no such name on this server") from None
+                raise refuse(qualified, self._missing_here()) from None
         return value
+
+    def _missing_here(self) -> str:
+        if self.client_python and not same_release(self.client_python):
+            # A name of a newer Python (``typing.TypeAliasType`` from 3.12's ``type X = ...``).
+            return (
+                f"Python {server_python()} on this server has no such name, and your client "
+                f"runs Python {self.client_python}"
+            )
+        return "no such name on this server"
 
     def persistent_load(self, pid: Any) -> Any:
         try:
