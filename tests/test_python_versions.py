@@ -105,3 +105,28 @@ def test_a_name_of_a_newer_python_is_refused_naming_both_pythons():
     with pytest.raises(RefusedPayload) as refused:
         _load(data)
     assert "no such name on this server" in str(refused.value)
+
+
+def test_syntax_of_a_newer_python_is_refused_naming_both_pythons():
+    from nnhost.execution.python_versions import syntax_note
+    from nnhost.execution.sandbox import SandboxViolation, check_source
+
+    source = "def first[T](items: list[T]) -> T:\n    return items[0]\n"  # Python 3.12's generics
+    newer = "3.99.0"
+    try:
+        compile(source, "<here>", "exec")
+    except SyntaxError:
+        with pytest.raises(SandboxViolation) as refused:
+            check_source(source, "[first:3] script.py", SandboxPolicy(), syntax_note(newer))
+        message = str(refused.value)
+        assert "[first:3] script.py, line 1" in message
+        assert f"Python {newer}" in message and f"Python {server_python()} on this server" in message
+    assert syntax_note(server_python()) == "" and syntax_note("3.1.0") == "" and syntax_note("") == ""
+
+
+def test_a_name_of_the_script_sent_without_its_value_says_what_to_write_instead():
+    # What cloudpickle writes for a 3.12 `type Pair = tuple[int, int]` in the user's script.
+    with pytest.raises(RefusedPayload) as refused:
+        _load(b"\x80\x04c__main__\nPair\n.", client_python="3.12.1")
+    message = str(refused.value)
+    assert "__main__.Pair" in message and "`type X = ...`" in message and "`X = ...`" in message

@@ -47,6 +47,30 @@ def same_release(client_python: str) -> bool:
     return client_python.split(".")[:2] == server_python().split(".")[:2]
 
 
+def _release(version: str) -> tuple[int, ...]:
+    parts = []
+    for part in version.split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def syntax_note(client_python: str) -> str:
+    """What to add to a shipped source's syntax error when the client's Python is newer.
+
+    A ``def first[T](...)`` or a ``type X = ...`` from Python 3.12 is not
+    Python to a 3.11 server: the source the client's Python compiled, this
+    one cannot.
+    """
+    if not client_python or _release(client_python) <= _release(server_python()):
+        return ""
+    ours = ".".join(server_python().split(".")[:2])
+    return (
+        f" (your client runs Python {client_python}, and Python {server_python()} on this server "
+        f"cannot read its newer syntax: write this the way Python {ours} can)"
+    )
+
+
 def _records_of(target: Any) -> dict[str, Any] | None:
     cls = type(target)
     return RECORDS.get((cls.__module__, cls.__qualname__))

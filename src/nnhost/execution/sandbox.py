@@ -199,18 +199,19 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def check_source(source: str, filename: str, policy: SandboxPolicy) -> None:
+def check_source(source: str, filename: str, policy: SandboxPolicy, syntax_note: str = "") -> None:
     """Refuse ``source`` (a traced block or a shipped function) if it breaks the rules.
 
     Raises `SandboxViolation` listing every refused line, so a user fixes them
-    all at once rather than one per request.
+    all at once rather than one per request. ``syntax_note`` ends the message
+    of source that does not parse (the client's Python is newer than ours).
     """
     if not policy.enabled:
         return
     try:
         tree = ast.parse(source, filename)
     except SyntaxError as error:
-        raise SandboxViolation(f"{filename}, line {error.lineno}: {error.msg}") from None
+        raise SandboxViolation(f"{filename}, line {error.lineno}: {error.msg}{syntax_note}") from None
     checker = _Checker(policy)
     checker.visit(tree)
     if checker.problems:

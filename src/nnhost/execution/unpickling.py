@@ -43,7 +43,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, TypeVar, cast
 
 from .library_hardening import untrusted
-from .python_versions import cannot_express, same_release, server_python, translate_state
+from .python_versions import cannot_express, same_release, server_python, syntax_note, translate_state
 from .sandbox import (
     SandboxPolicy,
     attribute_problem,
@@ -203,6 +203,12 @@ class RestrictedUnpickler(_PythonUnpickler):
             raise refuse(qualified, "copyreg reconstructors are not needed by nnsight")
         if root == "collections" or (module, name) == ("functools", "partial"):
             return self.protect(self._resolve(module, name, private_ok=False))
+        if module == "__main__":
+            raise refuse(qualified, (
+                "the client sent this name of your script without its value, which no server "
+                "can look up (Python 3.12's `type X = ...` aliases travel so): use a plain "
+                "assignment, `X = ...`, or define it inside the code you send"
+            ))
         if root not in self.policy.roots:
             raise refuse(
                 qualified,
@@ -406,7 +412,7 @@ class RestrictedUnpickler(_PythonUnpickler):
         source, namespace, variables = reduced
         if not (isinstance(source, str) and isinstance(namespace, dict) and isinstance(variables, dict)):
             raise refuse("a malformed edit")
-        check_source(source, "<edit>", self.policy)
+        check_source(source, "<edit>", self.policy, syntax_note(self.client_python))
         if self.policy.enabled:
             namespace.pop("__builtins__", None)
             install_builtins(namespace, self.builtins_dict)
@@ -551,7 +557,7 @@ class RestrictedUnpickler(_PythonUnpickler):
             getattr(code, "co_filename", None), str
         ) or not isinstance(getattr(code, "co_name", None), str):
             raise shape_error
-        check_source(source, code.co_filename, self.policy)
+        check_source(source, code.co_filename, self.policy, syntax_note(self.client_python))
         if self.policy.enabled:
             namespace.pop("__builtins__", None)
             # The block runs with these as its globals *and* (through nnsight's
