@@ -27,13 +27,17 @@ def describe(value, deep=True):
 
     if isinstance(value, torch.Tensor):
         return ("tensor", str(value.dtype), tuple(value.shape), value.detach().clone())
-    if isinstance(value, (bool, int, float, complex, str, bytes, type(None))):
-        return (type(value).__name__, value)
     kind = type(value)
     name = kind.__qualname__
-    if isinstance(value, enum.Enum):
+    if isinstance(value, enum.Enum):  # before int: an IntEnum's member is one
         members = [member.name for member in kind] if deep else None
-        return ("enum", name, value.name, describe(value.value, deep), members)
+        return ("enum", name, value.name, describe(value._value_, deep), members)
+    if value is None:
+        return ("NoneType", None)
+    for plain in (bool, int, float, complex, str, bytes):
+        if isinstance(value, plain):
+            # Held as the plain type: the description must load where the class does not exist.
+            return (name, plain(value))
     if isinstance(value, type):
         return ("class", value.__qualname__)
     if isinstance(value, dict):

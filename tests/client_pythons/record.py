@@ -23,10 +23,12 @@ them by value, written the way that client's Python writes them.
 
 from __future__ import annotations
 
+import abc
 import argparse
 import collections
 import dataclasses
 import enum
+import functools
 import os
 import sys
 import typing
@@ -113,6 +115,61 @@ def tokens_of(config: Config) -> Dict[str, int]:
     return {"layer": config["layer"], "k": config["k"]}
 
 
+class Perm(enum.Flag):
+    R = 4
+    W = 2
+    X = 1
+    RW = R | W
+
+
+class Level(enum.IntEnum):
+    LOW = 1
+    HIGH = 2
+
+
+T = typing.TypeVar("T")
+
+
+class Stack(typing.Generic[T]):
+    def __init__(self) -> None:
+        self.items: List[T] = []
+
+    def push(self, item: T) -> None:
+        self.items.append(item)
+
+    def top(self) -> T:
+        return self.items[-1]
+
+
+class Scorer(abc.ABC):
+    @abc.abstractmethod
+    def score(self, x): ...
+
+
+class MaxScorer(Scorer):
+    def score(self, x):
+        return x.max()
+
+
+@dataclasses.dataclass
+class Scaled:
+    base: dataclasses.InitVar[float]
+    factor: typing.ClassVar[float] = 2.0
+    value: float = 0.0
+
+    def __post_init__(self, base):
+        self.value = base * self.factor
+
+
+@dataclasses.dataclass
+class Choice:
+    name: str
+    _: dataclasses.KW_ONLY
+    k: int = 3
+    mode: typing.Literal["mean", "max"] = "max"
+    weight: typing.Annotated[float, "unit"] = 1.0
+
+
 # --- the programs: (name, shipped or made here, function) ------------------------------
 
 PROGRAMS: list = []
@@ -159,6 +216,26 @@ def script_typing_and_descriptors(model, **trace):
         saved = {"indices": indices, "best": best, "factor": Scaler.factor}.save()
         scaled = scaled.save()
     return {"saved": saved, "scaled": scaled}
+
+
+@program("shipped")
+def script_more_constructs(model, **trace):
+    stack: Stack[int] = Stack()
+    stack.push(2)
+    choice = Choice("top", k=2, mode="mean")
+    take = functools.partial(top_tokens, k=choice.k)
+    with model.trace(PROMPT, **trace):
+        logits = model.lm_head.output[0, -1]
+        indices, best = take(logits)
+        flags = (Perm.R | Perm.W).value
+        level = Level.HIGH
+        scaled = Scaled(base=float(best))
+        saved = {
+            "indices": indices, "flags": flags, "rw": Perm.RW.value, "level": level, "top": stack.top(),
+            "score": MaxScorer().score(logits[:5]), "scaled": scaled.value, "mode": choice.mode,
+            "weight": choice.weight,
+        }.save()
+    return {"saved": saved}
 
 
 @program("made")

@@ -237,4 +237,41 @@ def _complete_dataclass(cls: type, state: dict[str, Any]) -> None:
         value = getattr(params, option, None)
         if option in accepted and isinstance(value, bool):
             options[option] = value
-    dataclasses.dataclass(cls, **options)
+    # dataclasses reads the annotations again, and a text annotation
+    # ("dataclasses.InitVar[float]", under ``from __future__ import annotations``)
+    # names a ClassVar, an InitVar or the KW_ONLY marker only through the module
+    # the class was written in, which is the client's. The client's own fields
+    # say what each one was: its annotations are those, for as long as this runs.
+    sent = cls.__dict__.get("__annotations__")
+    cls.__annotations__ = _annotations_as_recorded(annotations, fields)
+    try:
+        dataclasses.dataclass(cls, **options)
+    finally:
+        if sent is not None:
+            cls.__annotations__ = sent
+
+
+def _annotations_as_recorded(annotations: Any, fields: dict[str, Any]) -> dict[str, Any]:
+    """The class's annotations, each made to mean what the client's dataclasses took it for.
+
+    A name with no field is the ``KW_ONLY`` marker (every field after it
+    carries its own ``kw_only``), and is left out.
+    """
+    import dataclasses
+    import typing
+
+    class_var = getattr(dataclasses, "_FIELD_CLASSVAR", None)
+    init_var = getattr(dataclasses, "_FIELD_INITVAR", None)
+    recorded: dict[str, Any] = {}
+    for name, annotation in dict(annotations).items():
+        item = fields.get(name)
+        if item is None:
+            continue
+        kind = getattr(item, "_field_type", None)
+        if kind is class_var and class_var is not None:
+            recorded[name] = typing.ClassVar
+        elif kind is init_var and init_var is not None and not isinstance(annotation, dataclasses.InitVar):
+            recorded[name] = dataclasses.InitVar(annotation)
+        else:
+            recorded[name] = annotation
+    return recorded
