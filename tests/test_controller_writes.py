@@ -264,3 +264,58 @@ def test_no_job_store_call_of_the_controller_runs_on_its_loop(tmp_path):
         "done": Status.COMPLETED, "cancelled": Status.ERROR, "stuck": Status.ERROR,
         "requeued": Status.QUEUED,
     }
+
+
+class StuckDispatch(StuckTransition):
+    """Blocks the first DISPATCHED write, whichever job's (its id is not known before its POST)."""
+
+    def __init__(self, store) -> None:
+        super().__init__(store, "", Status.DISPATCHED)
+
+    def _block_on(self, job_id, status) -> None:
+        if status is Status.DISPATCHED:
+            super()._block_on(self.job_id, status)
+
+
+def test_a_jobs_later_statuses_are_not_logged_as_the_request_that_queued_it(tmp_path):
+    """A job's QUEUED and DISPATCHED are decided inside its POST, and logged with its id; what
+    the replica reports later is not, even while the writer that the POST set going still runs.
+
+    The writer is a task, and a task keeps the context it was made in: made while a POST
+    queued its job, it logged every change it wrote after, of any job, as that POST's.
+    """
+    from nnhost.telemetry import logs
+
+    async def body():
+        world = await World(tmp_path, [spec("org/a")]).start()
+        heard: list[tuple[str, object]] = []
+
+        class Heard:
+            def job_changed(self, job) -> None:
+                heard.append((job.status.value, logs.request_id.get()))
+
+        world.jobs.recorder.observers.add(Heard())
+        session = await world.bus.open(ADA.user_id)
+        stuck = StuckDispatch(world.store)
+        token = logs.request_id.set("the-post")  # as the API's middleware does for each request
+        try:
+            key = spec("org/a").model_key()
+            job = await world.front.submit(ADA, Submission(key, session.id, False, {}), b"payload", "http://x")
+        finally:
+            logs.request_id.reset(token)
+        assert await run_blocking(stuck.entered.wait, GIVE_UP)
+        replica = world.replica("org/a")
+        await until(lambda: replica.ran == [job.id])
+        replica.run()
+        replica.complete(b"r" * 10)
+        # Decided (the controller's view) while the DISPATCHED write still holds the writer.
+        await until(lambda: world.jobs.recorder.job(job.id).status is Status.COMPLETED)
+        assert stuck.let_go is None
+        stuck.release.set()
+        await world.settle()
+        await world.jobs.recorder.flush()
+        assert heard == [
+            ("QUEUED", "the-post"), ("DISPATCHED", "the-post"), ("RUNNING", None), ("COMPLETED", None),
+        ]
+
+    asyncio.run(body())

@@ -45,11 +45,12 @@ from the update).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Optional, Union, Unpack
 
 from ..jobs.bus import EventBus
@@ -76,6 +77,8 @@ class _Transition:
     description: str
     inline: Optional[bytes]
     fields: Changes
+    #: Where it was decided (an HTTP request's id, or none): its note is logged there.
+    context: contextvars.Context = field(default_factory=contextvars.copy_context, compare=False)
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,9 @@ class Recorder:
             return
         self._writes.append(write)
         if self._writer is None:
-            self._writer = loop.create_task(self._drain())
+            # Of no request: a task keeps the context it was made in, and one made
+            # while a POST queued its job would log every later job's end as that POST's.
+            self._writer = loop.create_task(self._drain(), context=contextvars.Context())
 
     async def _drain(self) -> None:
         try:
@@ -248,7 +253,7 @@ class Recorder:
                         self.publish(write.job, Status.LOG, write.line)
                     continue
                 if isinstance(outcome, Job):
-                    self.observers.noted(outcome)
+                    write.context.run(self.observers.noted, outcome)
                     self.publish(outcome, write.status, write.description, write.inline)
                 held = self._live.get(write.job_id)
                 if write.status.final and held is not None and held.status.final:
