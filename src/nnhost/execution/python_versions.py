@@ -42,17 +42,22 @@ def server_python() -> str:
     return platform.python_version()
 
 
-def same_release(client_python: str) -> bool:
-    """Whether ``client_python`` (``3.12.1``) is this server's Python, to the minor release."""
-    return client_python.split(".")[:2] == server_python().split(".")[:2]
-
-
 def _release(version: str) -> tuple[int, ...]:
+    """``3.12.1`` -> ``(3, 12)``: the minor release, which decides what a Python records."""
     parts = []
     for part in version.split(".")[:2]:
         digits = "".join(c for c in part if c.isdigit())
         parts.append(int(digits) if digits else 0)
     return tuple(parts)
+
+
+def _minor(version: str) -> str:
+    return ".".join(str(part) for part in _release(version))
+
+
+def same_release(client_python: str) -> bool:
+    """Whether ``client_python`` (``3.12.1``) is this server's Python, to the minor release."""
+    return _release(client_python) == _release(server_python())
 
 
 def syntax_note(client_python: str) -> str:
@@ -64,10 +69,9 @@ def syntax_note(client_python: str) -> str:
     """
     if not client_python or _release(client_python) <= _release(server_python()):
         return ""
-    ours = ".".join(server_python().split(".")[:2])
     return (
         f" (your client runs Python {client_python}, and Python {server_python()} on this server "
-        f"cannot read its newer syntax: write this the way Python {ours} can)"
+        f"cannot read its newer syntax: write this the way Python {_minor(server_python())} can)"
     )
 
 
@@ -121,6 +125,6 @@ def cannot_express(target: Any, error: AttributeError, client_python: str) -> Re
     return RefusedPayload(
         f"Your request's payload was made on {made_on} and sets {attribute!r} on a "
         f"{construct}, which Python {server_python()} on this server does not have. "
-        f"Run your client on Python {'.'.join(server_python().split('.')[:2])}, or do without "
+        f"Run your client on Python {_minor(server_python())}, or do without "
         "that feature of your Python in the code you send."
     )

@@ -9,6 +9,7 @@ never write anywhere but the file it was given.
 
 from __future__ import annotations
 
+import enum
 import io
 import os
 import pickle
@@ -45,8 +46,6 @@ class _ResultPickler(pickle.Pickler):
     """
 
     def reducer_override(self, obj: Any) -> Any:
-        import enum
-
         import torch
 
         if isinstance(obj, torch.Tensor):

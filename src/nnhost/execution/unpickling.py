@@ -123,11 +123,15 @@ class RestrictedUnpickler(_PythonUnpickler):
     builtins_dict: dict[str, Any] = {}
     #: The Python that pickled the payload (``3.12.1``), when the client said (`for_client`).
     client_python: str = ""
+    #: What ends a refusal of shipped source this Python cannot parse (`syntax_note`).
+    syntax_note: str = ""
 
     @classmethod
     def for_client(cls, client_python: str) -> type[RestrictedUnpickler]:
         """This unpickler for one payload, knowing which Python wrote it."""
-        return cast("type[RestrictedUnpickler]", type(cls.__name__, (cls,), {"client_python": client_python}))
+        return cast("type[RestrictedUnpickler]", type(cls.__name__, (cls,), {
+            "client_python": client_python, "syntax_note": syntax_note(client_python),
+        }))
 
     def __init__(self, file: Any, persistent_objects: Optional[dict[Any, Any]] = None) -> None:
         super().__init__(file)
@@ -412,7 +416,7 @@ class RestrictedUnpickler(_PythonUnpickler):
         source, namespace, variables = reduced
         if not (isinstance(source, str) and isinstance(namespace, dict) and isinstance(variables, dict)):
             raise refuse("a malformed edit")
-        check_source(source, "<edit>", self.policy, syntax_note(self.client_python))
+        check_source(source, "<edit>", self.policy, self.syntax_note)
         if self.policy.enabled:
             namespace.pop("__builtins__", None)
             install_builtins(namespace, self.builtins_dict)
@@ -557,7 +561,7 @@ class RestrictedUnpickler(_PythonUnpickler):
             getattr(code, "co_filename", None), str
         ) or not isinstance(getattr(code, "co_name", None), str):
             raise shape_error
-        check_source(source, code.co_filename, self.policy, syntax_note(self.client_python))
+        check_source(source, code.co_filename, self.policy, self.syntax_note)
         if self.policy.enabled:
             namespace.pop("__builtins__", None)
             # The block runs with these as its globals *and* (through nnsight's

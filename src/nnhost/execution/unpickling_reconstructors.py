@@ -22,7 +22,6 @@ import io
 import types
 from typing import TYPE_CHECKING, Any, Callable
 
-from .python_versions import syntax_note
 from .sandbox import SandboxViolation, attribute_problem, check_source, install_builtins
 from .sandbox_rules import DENIED_METHODS
 from .shipped_classes import (
@@ -216,7 +215,7 @@ def checked_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Cal
         if not isinstance(line, int) or not 0 < line < 10_000_000:
             raise refuse("a malformed function")
         try:
-            check_source(source, f"[{name}:{line}] {filename}", policy, syntax_note(me.client_python))
+            check_source(source, f"[{name}:{line}] {filename}", policy, me.syntax_note)
         except SandboxViolation as error:
             # Refused only if still needed once the load is over: a method of a
             # named tuple or dataclass the server makes again may replace it.
