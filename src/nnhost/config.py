@@ -387,8 +387,36 @@ class Settings(BaseSettings):
     max_connections: int = Field(
         1000,
         ge=1,
-        description="Connections (websockets included) one server process holds at once; past "
-        "it a request gets 503.",
+        description="Connections (websockets included) one server process holds at once. A "
+        "newcomer past it closes the connection that has waited longest for a request's head; "
+        "if every one is in use, it gets 503. Lowered to fit the descriptor limit, less "
+        "descriptor_reserve.",
+    )
+    max_connections_per_address: int = Field(
+        256,
+        ge=1,
+        description="Connections one client address holds at once; past it that address's "
+        "longest-waiting one is closed, or the newcomer gets 503. Proxies named in "
+        "forwarded_allow_ips are exempt (cap them there).",
+    )
+    descriptor_reserve: int = Field(
+        1024,
+        ge=32,
+        description="File descriptors kept out of reach of connections, for the server's own "
+        "files, database and workers; half of it bounds how many connections are accepted at "
+        "once.",
+    )
+    request_head_timeout: Duration = Field(
+        20.0,
+        gt=0,
+        description="Seconds a request's line and headers may take to arrive (counted from the "
+        "connection, or from the previous answer); past it, 408 and close.",
+    )
+    request_body_timeout: Duration = Field(
+        300.0,
+        gt=0,
+        description="Seconds a request's body may take to arrive once its headers are in; past "
+        "it the connection is closed. Raise it for payloads near max_request_bytes on slow links.",
     )
     forwarded_allow_ips: Annotated[Names, Flag(metavar="ADDRESSES")] = Field(
         default_factory=list,

@@ -58,6 +58,7 @@ class ServerProcess:
         env: Optional[dict[str, str]] = None,
         log_path: Optional[Path] = None,
         port: Optional[int] = None,
+        descriptors: Optional[int] = None,
     ) -> None:
         self.models = list(models)
         self.data_dir = Path(data_dir)
@@ -66,6 +67,8 @@ class ServerProcess:
         self.extra_args = list(extra_args)
         self.env = dict(env or {})
         self.port = port or free_port()
+        #: The server's descriptor limit (soft and hard), where a test lowers it.
+        self.descriptors = descriptors
         self.log_path = log_path or self.data_dir / "server.log"
         self.process: Optional[subprocess.Popen[bytes]] = None
 
@@ -94,10 +97,17 @@ class ServerProcess:
         ]
         self._log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            command, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            preexec_fn=self._lower_descriptors if self.descriptors else None,
         )
         self.wait_running(timeout)
         return self
+
+    def _lower_descriptors(self) -> None:
+        import resource
+
+        assert self.descriptors is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.descriptors, self.descriptors))
 
     def status(self) -> dict[str, Any]:
         status: dict[str, Any] = httpx.get(f"{self.url}/status", timeout=5).json()

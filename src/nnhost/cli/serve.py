@@ -8,11 +8,14 @@ reported in one line, with exit status 2, before anything starts serving.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
+
+log = logging.getLogger("nnhost.serve")
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -91,7 +94,8 @@ def serve_command(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from ..api.http_parsing import BoundedHttpTools
+    from ..api.connections import ConnectionLimits, Doorman
+    from ..api.transport import guarded_protocols
     from ..db import DatabaseError
     from ..storage.results import ResultStoreError
 
@@ -127,16 +131,27 @@ def serve_command(args: argparse.Namespace) -> int:
     # uvicorn stops gracefully on SIGTERM, then raises it again with the handler
     # it found before it started: this one, so that a stop asked for exits 0.
     signal.signal(signal.SIGTERM, _stopped)
-    _descriptors_for(settings.max_connections)
+    ceiling = _connection_ceiling(settings.max_connections, settings.descriptor_reserve)
+    doorman = Doorman(ConnectionLimits(
+        ceiling=ceiling,
+        per_address=settings.max_connections_per_address,
+        head_timeout=settings.request_head_timeout,
+        body_timeout=settings.request_body_timeout,
+        exempt=tuple(settings.forwarded_allow_ips),
+    ))
+    http, websocket = guarded_protocols(doorman)
     uvicorn.run(
         app,
         host=settings.host,
         port=settings.port,
-        # httptools, with each request's head bounded as it arrives (`BoundedHttpTools`).
-        # Past max_connections open connections a request gets 503, before the
-        # process runs out of descriptors.
-        http=BoundedHttpTools,
-        limit_concurrency=settings.max_connections,
+        # httptools and uvicorn's websockets, each connection admitted by the
+        # doorman and held to the head's and body's deadlines (`api.transport`).
+        http=http,
+        ws=websocket,
+        # asyncio accepts up to `backlog` connections at once before any is
+        # admitted: half the reserve, so a burst never takes the descriptors
+        # the reserve keeps for the server's own files.
+        backlog=max(16, min(2048, settings.descriptor_reserve // 2)),
         log_level=args.log_level,
         log_config=None,  # uvicorn writes through the handler `configure` set up
         # The client only listens on its websocket: what it may send is small,
@@ -156,15 +171,31 @@ def _stopped(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
-def _descriptors_for(connections: int) -> None:
-    """Raise this process's descriptor limit so ``connections`` sockets fit beside its files."""
+def _connection_ceiling(connections: int, reserve: int) -> int:
+    """How many connections this process may hold: ``connections``, or what the descriptor limit leaves.
+
+    The soft limit is raised (up to the hard one) so that ``connections``
+    sockets fit beside ``reserve`` descriptors for the database, results,
+    replicas' pipes and logs; where the hard limit is lower, fewer
+    connections are held, and the log says so.
+    """
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = connections + 1024  # the database, results, replicas' pipes, logs
+    wanted = connections + reserve
     if soft != resource.RLIM_INFINITY and soft < wanted:
-        ceiling = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, ceiling), hard))
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        soft = max(soft, raised)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return connections
+    room = max(1, soft - reserve)
+    log.warning(
+        "the descriptor limit (%d) leaves room for %d connections, not max_connections=%d, "
+        "beside descriptor_reserve=%d; raise the limit (ulimit -n) to hold more",
+        soft, room, connections, reserve,
+    )
+    return room
 
 
 def _unreachable(url: str) -> Optional[str]:

@@ -97,6 +97,8 @@ class LocalReplica:
         self._stopping = False
         self._generation = 0
         self._restart_at: Optional[float] = None
+        #: Restarts in a row whose host could not be started (each waits twice as long).
+        self._failed_restarts = 0
         #: Whether the next host's first job process warms up (no job waits for it).
         self._first_warm = True
         self._groups: Optional[JobGroups] = None
@@ -191,7 +193,13 @@ class LocalReplica:
         environ = dict(self.options.environ)
         started = SPARES.take(env, environ) or start_host(env, environ)
         host, control = started
-        control.send(Options(options=self.options))
+        try:
+            control.send(Options(options=self.options))
+        except OSError:
+            control.close()
+            host.kill()
+            host.wait()
+            raise
         SPARES.keep(env, environ, self.policy.spare_hosts)
         self._generation += 1
         self.jobs.asked_at = None
@@ -315,27 +323,57 @@ class LocalReplica:
     # -- time limits and restarts ---------------------------------------------------
 
     def _watch(self) -> None:
-        """Kill a job that overran its time limit by more than the grace; restart a dead host."""
+        """Kill a job that overran its time limit by more than the grace; restart a dead host.
+
+        Nothing may end this loop: without it no dead host is restarted and no
+        time limit holds. What goes wrong in one pass is logged, and the next
+        pass runs.
+        """
         while True:
             time.sleep(0.25)
-            with self._lock:
-                if self._restart_at is not None and time.monotonic() >= self._restart_at:
-                    self._restart_at = None
-                    if not self._stopping:
-                        self._spawn()
-                self._check_start_deadline()
-                self.jobs.expire(time.monotonic())
-                for slot in list(self.jobs.running):
-                    job = slot.job
-                    if job is None or slot.kill_reason or job.time_limit <= 0:
-                        continue
-                    if time.monotonic() - slot.started - job.time_limit > self._kill_grace:
-                        self._on_incident(Incident.TIME_LIMIT_KILL)
-                        self.jobs.kill(slot, (
-                            f"Your request exceeded this server's time limit of "
-                            f"{job.time_limit:g} seconds and did not stop when interrupted, "
-                            "so its worker process was killed."
-                        ))
+            try:
+                self._watch_once()
+            except Exception:
+                log.exception("the watchdog of %s", self.name)
+
+    def _watch_once(self) -> None:
+        with self._lock:
+            if self._restart_at is not None and time.monotonic() >= self._restart_at:
+                self._restart_at = None
+                if not self._stopping:
+                    self._restart()
+            self._check_start_deadline()
+            self.jobs.expire(time.monotonic())
+            for slot in list(self.jobs.running):
+                job = slot.job
+                if job is None or slot.kill_reason or job.time_limit <= 0:
+                    continue
+                if time.monotonic() - slot.started - job.time_limit > self._kill_grace:
+                    self._on_incident(Incident.TIME_LIMIT_KILL)
+                    self.jobs.kill(slot, (
+                        f"Your request exceeded this server's time limit of "
+                        f"{job.time_limit:g} seconds and did not stop when interrupted, "
+                        "so its worker process was killed."
+                    ))
+
+    def _restart(self) -> None:
+        """Start the dead host's successor; if it cannot start, say why and try again later.
+
+        The caller holds the lock.
+        """
+        try:
+            self._spawn()
+        except OSError as error:
+            # The machine refused a process or a pipe (out of memory, of
+            # processes, of descriptors): a later try may well succeed.
+            self._failed_restarts += 1
+            delay = min(60.0, self._restart_delay * 2 ** self._failed_restarts)
+            why = f"The worker process could not be started again ({error}); trying again in {delay:g} s."
+            log.error("%s: %s", self.name, why)
+            self._set_state(ReplicaState(ReplicaStatus.DEPLOYING, why))
+            self._restart_at = time.monotonic() + delay
+        else:
+            self._failed_restarts = 0
 
     def _check_start_deadline(self) -> None:
         """A job process asked for and never ready (hung in its set-up) makes the replica unhealthy.

@@ -1,0 +1,94 @@
+"""A replica whose host died starts another; when the machine refuses one, it says why and tries again.
+
+The host here is a fake (a channel end the test speaks for), so that the
+test can make the one thing under test fail: starting the next host. The
+real restart of a killed template runs in `test_execution_designs`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import threading
+import time
+
+from nnhost.execution.channel import Channel, pair
+from nnhost.execution.messages import TO_HOST, Fork, Options, State
+from nnhost.execution.worker import WorkerOptions
+from nnhost.replicas import replica as replica_module
+from nnhost.replicas.contract import ReplicaState, ReplicaStatus
+
+
+class FakeHost:
+    """What the replica asks of a host's ``Popen``: it lives until the test closes its channel."""
+
+    pid = 4242
+    returncode = None
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        self.returncode = -9
+        return self.returncode
+
+    def kill(self) -> None:
+        self.returncode = -9
+
+
+def serve_until_running(side: Channel) -> None:
+    """Play a host: take the options, say RUNNING, take the first fork request."""
+    message, _ = TO_HOST.receive(side)
+    assert isinstance(message, Options), message
+    side.send(State(state="RUNNING", description="Loaded."))
+    message, _ = TO_HOST.receive(side)
+    assert isinstance(message, Fork), message
+
+
+def test_a_host_that_cannot_be_started_again_is_retried_and_says_why(monkeypatch, caplog):
+    first, first_side = pair()
+    second, second_side = pair()
+    hosts = [(FakeHost(), Channel(first)), None, (FakeHost(), Channel(second))]
+    refusals = []
+
+    class Spares:
+        def take(self, env, environ):
+            return hosts.pop(0) if hosts else None
+
+        def keep(self, env, environ, count) -> None:
+            pass
+
+    def start_host(env, environ):
+        refusals.append(time.monotonic())
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(replica_module, "SPARES", Spares())
+    monkeypatch.setattr(replica_module, "start_host", start_host)
+    states: list[ReplicaState] = []
+    running = threading.Event()
+
+    def on_state(state: ReplicaState) -> None:
+        states.append(state)
+        if state.state is ReplicaStatus.RUNNING and len(refusals) > 0:
+            running.set()
+
+    replica = replica_module.LocalReplica(
+        "org/a", WorkerOptions(model_key="org/a"), on_job_event=lambda event: None,
+        on_state=on_state, on_idle=lambda: None, restart_delay=0.05,
+    )
+    caplog.set_level(logging.ERROR, logger="nnhost.replica")
+    second_side.settimeout(30)  # a replica that never tries again fails the test, not hangs it
+    replica.start()
+    try:
+        serve_until_running(Channel(first_side))
+        first_side.close()  # the host dies
+        # The next start is refused once; the try after it takes the second host.
+        serve_until_running(Channel(second_side))
+        assert running.wait(30), [state.description for state in states]
+    finally:
+        replica.stop()
+        second_side.close()
+    said = [state.description for state in states if "could not be started again" in state.description]
+    assert said and "Resource temporarily unavailable" in said[0], [s.description for s in states]
+    assert any("could not be started again" in record.getMessage() for record in caplog.records)
+    assert len(refusals) == 1
