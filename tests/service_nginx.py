@@ -70,7 +70,7 @@ class NginxProcess:
             [NGINX, "-p", str(self.dir), "-c", str(self.dir / "nginx.conf"), "-g", "daemon off;"],
             stdout=subprocess.DEVNULL, stderr=open(self.dir / "stderr.log", "wb"),
         )
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 break

@@ -31,7 +31,7 @@ class RedisProcess:
              "--save", "", "--appendonly", "no", "--protected-mode", "yes", "--daemonize", "no"],
             stdout=open(self.dir / "redis.log", "wb"), stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as probe:

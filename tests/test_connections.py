@@ -209,13 +209,15 @@ def test_a_head_that_does_not_arrive_in_time_is_answered_408_and_closed():
 
 
 def test_a_kept_alive_connection_waits_for_its_next_head_under_the_same_deadline():
-    with guarded_server(_limits(head_timeout=1.0)) as (port, _, keeper, _server):
+    with guarded_server(_limits(head_timeout=3.0)) as (port, _, keeper, _server):
         with socket.create_connection(("127.0.0.1", port)) as sock:
-            for _ in range(3):  # each answer restarts the head's clock
+            # Four requests a second apart outlast one head's deadline: each answer
+            # restarts its clock (each pause leaves 2 s to spare on a busy machine).
+            for _ in range(4):
                 sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
                 sock.settimeout(30)
                 assert sock.recv(65536).startswith(b"HTTP/1.1 200")
-                time.sleep(0.5)
+                time.sleep(1.0)
             # Idle after its answer, it meets the head's deadline (before uvicorn's 5 s keep-alive).
             assert _reply(sock).startswith(b"HTTP/1.1 408")
         _wait_for(lambda: keeper.open == 0)

@@ -34,7 +34,7 @@ def mapped_server(root, server_hf_home, test_snapshot):
     process.stop()
 
 
-def _job_maps_weights(pid: int, within: float = 10.0) -> "bool | None":
+def _job_maps_weights(pid: int, within: float = 60.0) -> "bool | None":
     """Whether a job's process maps the weights once it has bound them; None if it ended first.
 
     A process just forked for the next job binds them only after its own

@@ -145,7 +145,7 @@ def test_json_log_lines_of_one_job(observed, remote_model):
     with as_client(observed, API_KEY):
         job_id = submit(remote_model)
     assert wait_done(observed, API_KEY, job_id)["status"] == "COMPLETED"
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         mine = [line for line in log_lines(observed) if line.get("job_id") == job_id]
         if mine and mine[-1]["status"] == "COMPLETED":
@@ -181,7 +181,7 @@ def test_every_response_has_a_request_id(observed):
     assert refused.status_code in (401, 404)
     assert refused.headers["x-request-id"] != "x" * 500
     assert len(refused.headers["x-request-id"]) == 32
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         seen = [line for line in log_lines(observed) if line.get("request_id") == "trace-abc.123"]
         if seen:
