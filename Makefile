@@ -7,7 +7,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install browser services postgres serve check test bench clean
+.PHONY: install browser services postgres clients serve check test bench clean
 
 install: $(VENV)/.installed browser
 
@@ -53,6 +53,24 @@ postgres:
 			|| echo "Could not install postgresql: the PostgreSQL tests will be skipped (fail in CI)." >&2; \
 	fi
 
+# Client environments of the nnsight versions that tests/test_client_versions.py drives:
+# each a venv over .venv's packages (a .pth names them) holding only that nnsight and
+# what it needs beyond them, so that it costs seconds and no second torch.
+CLIENT_VERSIONS := 0.8.0 0.7.0 0.6.3
+CLIENTS := .clients
+
+clients: $(foreach version,$(CLIENT_VERSIONS),$(CLIENTS)/nnsight-$(version)/.installed)
+
+$(CLIENTS)/nnsight-%/.installed: $(VENV)/.installed
+	rm -rf $(CLIENTS)/nnsight-$*
+	$(BIN)/python -m venv --without-pip $(CLIENTS)/nnsight-$*
+	$(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" \
+		> "$$($(CLIENTS)/nnsight-$*/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/nnhost-venv.pth"
+	$(BIN)/python -m pip --python $(CLIENTS)/nnsight-$*/bin/python install --quiet nnsight==$* 2>&1 \
+		| grep -v "^WARNING: Location\|dependency resolver\|nnhost .* requires nnsight" || true
+	$(CLIENTS)/nnsight-$*/bin/python -c "import nnsight, sys; assert nnsight.__version__ == '$*', nnsight.__version__"
+	touch $@
+
 serve: install
 	$(BIN)/nnhost serve --demo $(ARGS)
 
@@ -63,7 +81,7 @@ check: $(VENV)/.installed
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m unit $(ARGS)
 
-test: install services postgres
+test: install services postgres clients
 	$(BIN)/python -m ruff check src tests benchmarks
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q $(ARGS)
@@ -72,4 +90,4 @@ bench: install
 	$(BIN)/python benchmarks/suite.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) nnhost-data
+	rm -rf $(VENV) $(CLIENTS) nnhost-data

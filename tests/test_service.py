@@ -128,10 +128,12 @@ def test_bad_envelopes_are_422(server):
     assert response.status_code == 422 and "'data'" in response.json()["detail"]
 
 
-def test_old_clients_are_told_the_minimum_version(server):
-    response = _post(server, headers={"nnsight-version": "0.4.3"})
-    assert response.status_code == 400
-    assert "0.8.0" in response.json()["detail"] and "pip install -U nnsight" in response.json()["detail"]
+def test_unserved_clients_are_told_the_versions_served(server):
+    for sent in ("0.4.3", "0.8.0", "1.0"):
+        response = _post(server, headers={"nnsight-version": sent})
+        assert response.status_code == 400
+        detail = response.json()["detail"]
+        assert f"runs nnsight {sent}" in detail and "pip install nnsight==0.8.1" in detail, detail
 
 
 def test_a_payload_that_is_not_a_trace_ends_in_error_not_a_crash(server, remote_model):

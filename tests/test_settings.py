@@ -16,7 +16,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from nnhost.api.deps import version_below
+from nnhost.client_versions import refusal, served_client_versions, serving_version
 from nnhost.config import Settings, SettingsError, load_settings
 from nnhost.units import format_duration, format_size, parse_duration, parse_size
 
@@ -38,8 +38,8 @@ TOML_CASES = [
     ("a bad duration", 'result_retention = "1 fortnight"\n',
      ["result_retention", "1 fortnight", "24h"]),
     ("a negative duration", "kill_grace = -1\n", ["kill_grace", "-1", "0 seconds or more"]),
-    ("a bad version", 'min_nnsight_version = "latest"\n',
-     ["min_nnsight_version", "'latest'", "0.8.0"]),
+    ("an unserved client version", 'client_versions = ["0.1.0"]\n',
+     ["client_versions", "0.1.0", "serves nnsight clients"]),
     ("a bad choice", 'signup = "everyone"\n', ["signup", "'everyone'", "'open'", "'closed'"]),
     ("a bad [[model]] key", '[[model]]\nrepo_id = "org/x"\ndevise = "cpu"\n',
      ["[[model]]", "devise", "known:", "device"]),
@@ -186,12 +186,22 @@ def test_settings_keep_attribute_access():
     assert settings.database_path == settings.data_dir / "nnhost.sqlite3"
 
 
-def test_client_versions_are_compared_by_pep_440():
-    assert version_below("1.0rc1", "1.0")  # a release candidate comes before its release
-    assert not version_below("1.0", "1.0rc1")
-    assert version_below("0.8.0", "0.8.1") and not version_below("0.10.0", "0.9.0")
-    assert version_below("0.8.1.dev3", "0.8.1") and not version_below("0.8.1.post1", "0.8.1")
-    assert not version_below("not-a-version", "0.8.0")  # unordered: let through
+def test_a_client_is_served_by_the_runtime_of_its_release():
+    served = ["0.8.1", "0.7.0"]
+    assert serving_version("0.8.1", served) == "0.8.1" and serving_version("0.7.0", served) == "0.7.0"
+    # Pre-, post- and dev releases are their release's; any other release is not served.
+    assert serving_version("0.8.1rc1", served) == serving_version("0.8.1.post1", served) == "0.8.1"
+    assert serving_version("0.8.0", served) is None and serving_version("0.9.0", served) is None
+    assert serving_version("not-a-version", served) == "0.8.1"  # a source tree: let through
+    text = refusal("0.6.3", served)
+    assert "0.8.1, 0.7.0" in text and "nnsight 0.6.3" in text and "pip install nnsight==0.8.1" in text
+
+
+def test_only_served_client_versions_may_be_named():
+    own = served_client_versions()[0]
+    assert Settings(client_versions=own).client_versions == [own]
+    with pytest.raises(ValueError, match="this installation serves nnsight clients"):
+        Settings(client_versions="0.1.0")
 
 
 # -- flags generated from the settings ----------------------------------------------------

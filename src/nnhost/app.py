@@ -177,6 +177,7 @@ def build_result_store(settings: Settings) -> tuple[ResultStore, LinkSigner]:
 def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
     from .api import account_pages, admin, admin_page, hub, ops, protocol, status_page
     from .api.middleware import RequestIds
+    from .api.socketio_front import SocketIOFront
     from .controller.loop import build_controller, run_controller
 
     problem = settings_problem(settings)
@@ -268,6 +269,9 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
     if role == "controller":
         return app  # no requests, pages or results: those are the API processes'
     app.include_router(protocol.router)
+    # Clients before 0.8 open a Socket.IO session before their request: served
+    # so that they reach the request and read the server's answer to it.
+    app.add_middleware(SocketIOFront)
     app.include_router(admin.router)
     app.include_router(status_page.router)
     app.include_router(admin_page.router)

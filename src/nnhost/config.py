@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
-from packaging.version import InvalidVersion, Version
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -42,6 +41,7 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from .client_versions import served_client_versions
 from .config_errors import ENV_PREFIX, Origins, SettingConflict, describe, unknown_environment
 from .execution.sandbox_rules import DEFAULT_ALLOWED_IMPORTS
 from .models.catalog import TRANSFORMERS_CLASS, AllowRule, ModelKey, ModelSpec
@@ -280,7 +280,11 @@ class Settings(BaseSettings):
     max_log_bytes: Size = Field(
         1 * MiB, description="Largest total size of the LOG lines kept and forwarded from one job."
     )
-    min_nnsight_version: str = Field("0.8.0", description="Oldest nnsight client accepted.")
+    client_versions: Names = Field(
+        default_factory=lambda: list(served_client_versions()),
+        description="nnsight client versions served, each with the code of its own version; any "
+        "other is refused, naming these (default: every version this installation serves).",
+    )
     hub_serve_weights: bool = Field(
         False, description="Serve weight files from the Hub mirror as well as configs and tokenizers."
     )
@@ -465,13 +469,16 @@ class Settings(BaseSettings):
         "Python prefixed to a payload (the isolation tests play a user who beat the sandbox).",
     )
 
-    @field_validator("min_nnsight_version")
+    @field_validator("client_versions")
     @classmethod
-    def _version(cls, value: str) -> str:
-        try:
-            Version(value)
-        except InvalidVersion:
-            raise ValueError("not a version; use one like 0.8.0 or 0.9.0rc1") from None
+    def _client_versions(cls, value: list[str]) -> list[str]:
+        served = served_client_versions()
+        unknown = [name for name in value if name not in served]
+        if unknown or not value:
+            raise ValueError(
+                f"{', '.join(unknown) or 'an empty list'}: this installation serves nnsight "
+                f"clients {', '.join(served)}; name one or more of those"
+            )
         return value
 
     @field_validator("limits")

@@ -106,7 +106,7 @@ def test_unknown_model_and_old_client_are_refused(serving):
     response = post(serving, b"x", data=json.dumps({"model_key": other}))
     assert response.status_code == 404 and "someone/else" in response.json()["detail"]
     response = post(serving, b"x", headers={"nnsight-version": "0.3.0"})
-    assert response.status_code == 400 and "0.8.0" in response.json()["detail"]
+    assert response.status_code == 400 and "pip install nnsight==0.8.1" in response.json()["detail"]
 
 
 def test_blob_problems_end_in_error_with_a_reason(serving, remote_model):

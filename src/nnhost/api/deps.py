@@ -12,13 +12,13 @@ import re
 from typing import Optional, cast
 
 from fastapi import HTTPException, Request, WebSocket
-from packaging.version import InvalidVersion, Version
 from pydantic import ValidationError
 from starlette.types import Message
 
 from ..auth.access import Throttled
 from ..auth.keys import KeyCheck, KeyProblem, Principal
 from ..auth.limits import Limits, retry_after
+from ..client_versions import refusal, serving_version
 from ..storage.blocking import run_blocking
 from .server import Server
 
@@ -148,18 +148,6 @@ def _principal_of(check: KeyCheck) -> Principal:
     )
 
 
-def version_below(sent: str, minimum: str) -> bool:
-    """Whether the client's version is older than ``minimum``, by PEP 440 (``1.0rc1`` < ``1.0``).
-
-    A version that is not PEP 440 cannot be ordered; it is let through rather
-    than refused, as a client run from a source tree may send anything.
-    """
-    try:
-        return Version(sent) < Version(minimum)
-    except InvalidVersion:
-        return False
-
-
 #: The release at the start of ``sys.version`` (``3.12.1``, ``3.13.0rc2``, ``3.14.0a1+``).
 _PYTHON_RELEASE = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}(?:\.[0-9]{1,3})?(?:(?:a|b|rc)[0-9]{1,3})?\+?")
 
@@ -176,14 +164,8 @@ def client_python(request: Request) -> str:
 
 
 def check_client_version(request: Request) -> None:
-    """Refuse nnsight clients older than the server can serve (400 naming the minimum)."""
-    minimum = server_of(request).settings.min_nnsight_version
+    """Refuse an nnsight client of a version this server does not serve (400 naming those it does)."""
+    served = server_of(request).settings.client_versions
     sent = request.headers.get("nnsight-version", "").strip()
-    if not sent:
-        return  # a client run from a source tree does not know its version
-    if version_below(sent, minimum):
-        raise HTTPException(
-            400,
-            f"This server needs nnsight {minimum} or newer; your client is {sent}. "
-            "Upgrade with `pip install -U nnsight`.",
-        )
+    if sent and serving_version(sent, served) is None:
+        raise HTTPException(400, refusal(sent, served))

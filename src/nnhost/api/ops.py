@@ -54,8 +54,11 @@ async def ping() -> str:
 
 @router.get("/status")
 async def status(request: Request) -> dict[str, Any]:
-    board = server_of(request).jobs.board()
+    server = server_of(request)
+    board = server.jobs.board()
     status = board.model_dump(include={"deployments", "devices"})
+    # Which nnsight clients are served, each with its own version's code.
+    status["client_versions"] = list(server.settings.client_versions)
     if board.nodes is not None:
         # On a cluster: memory per node (controller.nodes).
         status["nodes"] = board.model_dump(include={"nodes"})["nodes"]
