@@ -56,7 +56,7 @@ postgres:
 # Client environments of the nnsight versions that tests/test_client_versions.py drives:
 # each a venv over .venv's packages (a .pth names them) holding only that nnsight and
 # what it needs beyond them, so that it costs seconds and no second torch.
-CLIENT_VERSIONS := 0.8.0 0.7.0 0.6.3
+CLIENT_VERSIONS := 0.8.0 0.7.0 0.6.3 0.5.15
 CLIENTS := .clients
 
 clients: $(foreach version,$(CLIENT_VERSIONS),$(CLIENTS)/nnsight-$(version)/.installed)

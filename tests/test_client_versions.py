@@ -3,7 +3,7 @@
 Each client here is the real nnsight of its version from PyPI, in its own
 environment (`make clients`: a venv over .venv's packages with only that
 nnsight added), running a small trace with ``remote=True`` against a real
-server. The Socket.IO-era clients (0.6.3, 0.7.0) first open a Socket.IO
+server. The Socket.IO-era clients (0.5.15, 0.6.3, 0.7.0) first open a Socket.IO
 session; the server serves it (`api.socketio_front`), so they reach their
 request and show the refusal rather than "Connection error". A version
 newer than any served is the 0.8.1 client reporting a later release.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -53,16 +54,20 @@ def client_python(version: str) -> Path:
 
 
 def run_client(python: "Path | str", *extra: str) -> list[str]:
-    done = subprocess.run(
-        [str(python), "-c", PROGRAM, TEST_REPO, *extra], capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
+    """Run PROGRAM as a user's script (a file: some versions read the trace's source) in ``python``."""
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "trace_remotely.py"
+        script.write_text(PROGRAM)
+        done = subprocess.run(
+            [str(python), str(script), TEST_REPO, *extra], capture_output=True, text=True, timeout=600,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )
     lines = [line for line in done.stdout.splitlines() if line.startswith(("REFUSED|", "SERVED|"))]
     assert lines, f"the client printed no outcome (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return lines[-1].split("|")
 
 
-@pytest.mark.parametrize("version", ["0.8.0", "0.7.0", "0.6.3"])
+@pytest.mark.parametrize("version", ["0.8.0", "0.7.0", "0.6.3", "0.5.15"])
 def test_an_unserved_client_sees_the_versions_served_and_the_install_that_works(server, version):
     outcome, reported, kind, text = run_client(client_python(version))
     served = served_client_versions()

@@ -1,6 +1,6 @@
 """The Socket.IO session that nnsight clients before 0.8 open before they send a request.
 
-Why it exists: nnsight 0.6 and 0.7 first connect a Socket.IO session at
+Why it exists: nnsight 0.5 to 0.7 first connect a Socket.IO session at
 ``/ws/socket.io`` (websocket transport only), and only then POST
 ``/request``, naming the session in its ``ndif-session_id`` header. A server
 without the session leaves them at ``socketio.exceptions.ConnectionError:
