@@ -7,7 +7,10 @@ same rules keep ``/ping`` and a trace answered (`test_hostile_traffic`).
 from __future__ import annotations
 
 import asyncio
+import resource
 import socket
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -278,3 +281,19 @@ async def _set(event: asyncio.Event) -> None:
 
 def _loop_of(server) -> asyncio.AbstractEventLoop:
     return server.servers[0].get_loop()  # the loop uvicorn serves on, in its thread
+
+
+def test_a_low_descriptor_limit_lowers_the_ceiling_never_to_nothing():
+    """A hard limit below max_connections + the reserve: half of it for connections, at least."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    for limit, expected in ((512, ["256", "256"]), (1536, ["768", "768"]), (4096, ["1000", "1024"])):
+        if hard != resource.RLIM_INFINITY and hard < limit:
+            continue  # this machine's own hard limit is lower: that case cannot be set up here
+        probe = (
+            "import resource\n"
+            f"resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit}))\n"
+            "from nnhost.cli.serve import descriptor_budget\n"
+            "print(*descriptor_budget(1000, 1024))\n"
+        )
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+        assert done.stdout.split() == expected, (limit, done.stdout, done.stderr[-2000:])

@@ -131,7 +131,7 @@ def serve_command(args: argparse.Namespace) -> int:
     # uvicorn stops gracefully on SIGTERM, then raises it again with the handler
     # it found before it started: this one, so that a stop asked for exits 0.
     signal.signal(signal.SIGTERM, _stopped)
-    ceiling = _connection_ceiling(settings.max_connections, settings.descriptor_reserve)
+    ceiling, reserve = descriptor_budget(settings.max_connections, settings.descriptor_reserve)
     doorman = Doorman(ConnectionLimits(
         ceiling=ceiling,
         per_address=settings.max_connections_per_address,
@@ -151,7 +151,7 @@ def serve_command(args: argparse.Namespace) -> int:
         # asyncio accepts up to `backlog` connections at once before any is
         # admitted: half the reserve, so a burst never takes the descriptors
         # the reserve keeps for the server's own files.
-        backlog=max(16, min(2048, settings.descriptor_reserve // 2)),
+        backlog=max(16, min(2048, reserve // 2)),
         log_level=args.log_level,
         log_config=None,  # uvicorn writes through the handler `configure` set up
         # The client only listens on its websocket: what it may send is small,
@@ -171,13 +171,14 @@ def _stopped(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
-def _connection_ceiling(connections: int, reserve: int) -> int:
-    """How many connections this process may hold: ``connections``, or what the descriptor limit leaves.
+def descriptor_budget(connections: int, reserve: int) -> tuple[int, int]:
+    """How many connections this process may hold, and the descriptors it keeps from them.
 
     The soft limit is raised (up to the hard one) so that ``connections``
     sockets fit beside ``reserve`` descriptors for the database, results,
-    replicas' pipes and logs; where the hard limit is lower, fewer
-    connections are held, and the log says so.
+    replicas' pipes and logs. Where the hard limit is lower, fewer
+    connections are held (never less than half the limit: a reserve larger
+    than the limit itself is cut to half of it), and the log says so.
     """
     import resource
 
@@ -188,14 +189,15 @@ def _connection_ceiling(connections: int, reserve: int) -> int:
         soft = max(soft, raised)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     if soft == resource.RLIM_INFINITY or soft >= wanted:
-        return connections
-    room = max(1, soft - reserve)
+        return connections, reserve
+    kept = min(reserve, soft // 2)
+    room = soft - kept
     log.warning(
-        "the descriptor limit (%d) leaves room for %d connections, not max_connections=%d, "
-        "beside descriptor_reserve=%d; raise the limit (ulimit -n) to hold more",
-        soft, room, connections, reserve,
+        "the descriptor limit (%d) leaves room for %d connections beside %d kept in reserve, "
+        "not max_connections=%d beside descriptor_reserve=%d; raise the limit (ulimit -n) to hold more",
+        soft, room, kept, connections, reserve,
     )
-    return room
+    return room, kept
 
 
 def _unreachable(url: str) -> Optional[str]:
