@@ -407,8 +407,8 @@ class Settings(BaseSettings):
         1024,
         ge=32,
         description="File descriptors kept out of reach of connections, for the server's own "
-        "files, database and workers; half of it bounds how many connections are accepted at "
-        "once.",
+        "files, database and workers (at most half the descriptor limit); half of it bounds how "
+        "many connections are accepted at once.",
     )
     request_head_timeout: Duration = Field(
         20.0,
