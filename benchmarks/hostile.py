@@ -9,8 +9,8 @@ runs in the background (each bounded in count and time, loopback only)::
     .venv/bin/python benchmarks/hostile.py [--seconds 4] [--traces 8]
 
 The attacks are the ones issue 19 measured: a login flood naming a new email
-each time, request lines that never end, idle half-requests held open, an
-anonymous huge body to an operator route, and websocket messages far past the
+each time, request lines that never end, idle half-requests held open (and
+more idle connections than the server may hold, issue 36), an anonymous huge body to an operator route, and websocket messages far past the
 limit. Each row prints the figure under attack beside the quiet one and their
 ratio. What it shows: the server keeps answering, not how fast it is.
 """
@@ -76,6 +76,33 @@ def idle_half_requests(url: str, stop: threading.Event, port: int, count: int = 
         for _ in range(count):
             sock = socket.create_connection(("127.0.0.1", port), timeout=5)
             sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n")
+            held.append(sock)
+        stop.wait()
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def idle_past_the_ceiling(url: str, stop: threading.Event, port: int, count: int = 2400) -> None:
+    """More idle and half-sent connections than max_connections (1000 by default), from 24 addresses."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = count + 512 if hard == resource.RLIM_INFINITY else min(hard, count + 512)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    held = []
+    try:
+        for index in range(count):
+            if stop.is_set():
+                break
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=5,
+                                                source_address=(f"127.0.3.{index % 24 + 1}", 0))
+                if index % 2:
+                    sock.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n")
+            except OSError:
+                continue  # the server's queue was full for a moment, or this process's limit
             held.append(sock)
         stop.wait()
     finally:
@@ -163,6 +190,7 @@ def main() -> int:
             "login flood, new email each": lambda stop: login_flood(url, stop),
             "request lines with no end": lambda stop: endless_request_lines(url, stop, port),
             "500 idle half-requests": lambda stop: idle_half_requests(url, stop, port),
+            "2,400 idle connections, past max_connections": lambda stop: idle_past_the_ceiling(url, stop, port),
             "anonymous 384 MiB bodies": lambda stop: anonymous_huge_bodies(url, stop, port),
             "16 MiB websocket messages": lambda stop: big_websocket_messages(url, stop),
         }
