@@ -92,3 +92,50 @@ def test_a_host_that_cannot_be_started_again_is_retried_and_says_why(monkeypatch
     assert said and "Resource temporarily unavailable" in said[0], [s.description for s in states]
     assert any("could not be started again" in record.getMessage() for record in caplog.records)
     assert len(refusals) == 1
+
+
+def test_a_spare_that_died_before_its_model_was_named_is_passed_over(monkeypatch):
+    """A prepared spare killed while it waited (the OOM killer, say): the send to it fails, and the next is taken.
+
+    This is what stopped every restart before: the failed send ended the
+    watchdog's thread, so no host was ever started again.
+    """
+    first, first_side = pair()
+    dead, dead_side = pair()
+    dead_side.close()
+    second, second_side = pair()
+    spare = FakeHost()
+    hosts = [(FakeHost(), Channel(first)), (spare, Channel(dead)), (FakeHost(), Channel(second))]
+
+    class Spares:
+        def take(self, env, environ):
+            return hosts.pop(0) if hosts else None
+
+        def keep(self, env, environ, count) -> None:
+            pass
+
+    monkeypatch.setattr(replica_module, "SPARES", Spares())
+    running = threading.Event()
+    states: list[ReplicaState] = []
+
+    def on_state(state: ReplicaState) -> None:
+        states.append(state)
+        if state.state is ReplicaStatus.RUNNING and not hosts:
+            running.set()
+
+    replica = replica_module.LocalReplica(
+        "org/a", WorkerOptions(model_key="org/a"), on_job_event=lambda event: None,
+        on_state=on_state, on_idle=lambda: None, restart_delay=0.05,
+    )
+    second_side.settimeout(30)
+    replica.start()
+    try:
+        serve_until_running(Channel(first_side))
+        first_side.close()
+        serve_until_running(Channel(second_side))
+        assert running.wait(30), [state.description for state in states]
+    finally:
+        replica.stop()
+        second_side.close()
+    assert spare.returncode is not None  # the dead spare was reaped, not left behind
+    assert any("could not be started again" in state.description for state in states)
