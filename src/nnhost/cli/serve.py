@@ -148,10 +148,12 @@ def serve_command(args: argparse.Namespace) -> int:
         # doorman and held to the head's and body's deadlines (`api.transport`).
         http=http,
         ws=websocket,
-        # asyncio accepts up to `backlog` connections at once before any is
-        # admitted: half the reserve, so a burst never takes the descriptors
-        # the reserve keeps for the server's own files.
-        backlog=max(16, min(2048, reserve // 2)),
+        # asyncio accepts up to `backlog` connections at once, before any of
+        # them is read. A burst no larger than half the reserve never takes the
+        # descriptors the reserve keeps; no larger than half of either cap, it
+        # cannot push out a connection admitted just before it whose request
+        # is already on its way (it is read in the next pass of the loop).
+        backlog=max(16, min(2048, reserve // 2, settings.max_connections_per_address // 2, ceiling // 2)),
         log_level=args.log_level,
         log_config=None,  # uvicorn writes through the handler `configure` set up
         # The client only listens on its websocket: what it may send is small,
