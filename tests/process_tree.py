@@ -58,3 +58,9 @@ def templates_of(table, hosts: list[int]) -> list[int]:
 def maps_weights(pid: int) -> bool:
     with open(f"/proc/{pid}/maps") as file:
         return "nnhost-weights" in file.read()
+
+
+def start_time(pid: int) -> int:
+    """When ``pid`` started (clock ticks since boot): with the pid, a process's identity, as pids are reused."""
+    with open(f"/proc/{pid}/stat") as file:
+        return int(file.read().rsplit(")", 1)[1].split()[19])

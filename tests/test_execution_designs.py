@@ -16,7 +16,7 @@ import time
 
 import pytest
 from conftest import API_KEY, TEST_REPO
-from process_tree import descendants, maps_weights, processes, serving_hosts, templates_of
+from process_tree import descendants, maps_weights, processes, serving_hosts, start_time, templates_of
 
 from nnhost.testing import ServerProcess
 
@@ -114,23 +114,31 @@ def test_a_dead_template_is_replaced_and_the_model_serves_again(mapped_server, r
 
     import torch
 
-    def templates() -> list[int]:
+    def templates() -> set[tuple[int, int]]:
+        """The serving host's templates, each as (pid, start time): a pid alone may be reused."""
         table = processes()
         tree = descendants(mapped_server.process.pid, table)
-        return templates_of(table, serving_hosts(table, tree))
+        found = set()
+        for pid in templates_of(table, serving_hosts(table, tree)):
+            try:
+                found.add((pid, start_time(pid)))
+            except (OSError, ValueError, IndexError):
+                pass  # it ended while we looked
+        return found
 
     mapped_server.wait_running(60)
     first = templates()
     assert len(first) == 1
-    os.kill(first[0], signal.SIGKILL)
+    os.kill(next(iter(first))[0], signal.SIGKILL)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (not templates() or templates() == first):
+    while time.monotonic() < deadline and not templates() - first:
         time.sleep(0.2)
-    if not templates() or templates() == first:
+    if not templates() - first:
         table = processes()
         tree = {pid: table[pid] for pid in descendants(mapped_server.process.pid, table)}
         log = mapped_server.log_path.read_text(errors="replace")[-6000:]
-        raise AssertionError(f"no new template was started.\nProcesses: {tree}\nServer log:\n{log}")
+        raise AssertionError(f"no new template was started.\nProcesses: {tree}\n"
+                             f"Status: {mapped_server.status()}\nServer log:\n{log}")
     mapped_server.wait_running(120)
 
     def program(model, remote):
