@@ -45,49 +45,62 @@ def serve_until_running(side: Channel) -> None:
     assert isinstance(message, Fork), message
 
 
-def test_a_host_that_cannot_be_started_again_is_retried_and_says_why(monkeypatch, caplog):
-    first, first_side = pair()
-    second, second_side = pair()
-    hosts = [(FakeHost(), Channel(first)), None, (FakeHost(), Channel(second))]
-    refusals = []
+class Spares:
+    """The spare pool, handing out the test's hosts in order (None: no spare is ready)."""
 
-    class Spares:
-        def take(self, env, environ):
-            return hosts.pop(0) if hosts else None
+    def __init__(self, hosts: list) -> None:
+        self.hosts = list(hosts)
 
-        def keep(self, env, environ, count) -> None:
-            pass
+    def take(self, env, environ):
+        return self.hosts.pop(0) if self.hosts else None
 
-    def start_host(env, environ):
-        refusals.append(time.monotonic())
-        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+    def keep(self, env, environ, count) -> None:
+        pass
 
-    monkeypatch.setattr(replica_module, "SPARES", Spares())
-    monkeypatch.setattr(replica_module, "start_host", start_host)
+
+def restart_after_death(monkeypatch, hosts: list, first_side, second_side) -> list[ReplicaState]:
+    """Start a replica on ``hosts[0]``, end that host, serve the host it restarts on; every state it said."""
+    monkeypatch.setattr(replica_module, "SPARES", Spares(hosts))
     states: list[ReplicaState] = []
-    running = threading.Event()
+    restarted = threading.Event()
 
     def on_state(state: ReplicaState) -> None:
         states.append(state)
-        if state.state is ReplicaStatus.RUNNING and len(refusals) > 0:
-            running.set()
+        if sum(s.state is ReplicaStatus.RUNNING for s in states) >= 2:
+            restarted.set()  # the first host's RUNNING, then its successor's
 
     replica = replica_module.LocalReplica(
         "org/a", WorkerOptions(model_key="org/a"), on_job_event=lambda event: None,
         on_state=on_state, on_idle=lambda: None, restart_delay=0.05,
     )
-    caplog.set_level(logging.ERROR, logger="nnhost.replica")
     second_side.settimeout(30)  # a replica that never tries again fails the test, not hangs it
     replica.start()
     try:
         serve_until_running(Channel(first_side))
         first_side.close()  # the host dies
-        # The next start is refused once; the try after it takes the second host.
         serve_until_running(Channel(second_side))
-        assert running.wait(30), [state.description for state in states]
+        assert restarted.wait(30), [state.description for state in states]
     finally:
         replica.stop()
         second_side.close()
+    return states
+
+
+def test_a_host_that_cannot_be_started_again_is_retried_and_says_why(monkeypatch, caplog):
+    first, first_side = pair()
+    second, second_side = pair()
+    refusals = []
+
+    def start_host(env, environ):
+        refusals.append(time.monotonic())
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(replica_module, "start_host", start_host)
+    caplog.set_level(logging.ERROR, logger="nnhost.replica")
+    # The next start is refused once; the try after it takes the second host.
+    states = restart_after_death(
+        monkeypatch, [(FakeHost(), Channel(first)), None, (FakeHost(), Channel(second))], first_side, second_side,
+    )
     said = [state.description for state in states if "could not be started again" in state.description]
     assert said and "Resource temporarily unavailable" in said[0], [s.description for s in states]
     assert any("could not be started again" in record.getMessage() for record in caplog.records)
@@ -105,37 +118,9 @@ def test_a_spare_that_died_before_its_model_was_named_is_passed_over(monkeypatch
     dead_side.close()
     second, second_side = pair()
     spare = FakeHost()
-    hosts = [(FakeHost(), Channel(first)), (spare, Channel(dead)), (FakeHost(), Channel(second))]
-
-    class Spares:
-        def take(self, env, environ):
-            return hosts.pop(0) if hosts else None
-
-        def keep(self, env, environ, count) -> None:
-            pass
-
-    monkeypatch.setattr(replica_module, "SPARES", Spares())
-    running = threading.Event()
-    states: list[ReplicaState] = []
-
-    def on_state(state: ReplicaState) -> None:
-        states.append(state)
-        if state.state is ReplicaStatus.RUNNING and not hosts:
-            running.set()
-
-    replica = replica_module.LocalReplica(
-        "org/a", WorkerOptions(model_key="org/a"), on_job_event=lambda event: None,
-        on_state=on_state, on_idle=lambda: None, restart_delay=0.05,
+    states = restart_after_death(
+        monkeypatch, [(FakeHost(), Channel(first)), (spare, Channel(dead)), (FakeHost(), Channel(second))],
+        first_side, second_side,
     )
-    second_side.settimeout(30)
-    replica.start()
-    try:
-        serve_until_running(Channel(first_side))
-        first_side.close()
-        serve_until_running(Channel(second_side))
-        assert running.wait(30), [state.description for state in states]
-    finally:
-        replica.stop()
-        second_side.close()
     assert spare.returncode is not None  # the dead spare was reaped, not left behind
     assert any("could not be started again" in state.description for state in states)
