@@ -7,9 +7,15 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install browser services postgres clients serve check test bench clean
+.PHONY: install runtimes browser services postgres clients serve check test bench clean
 
-install: $(VENV)/.installed browser
+install: $(VENV)/.installed runtimes browser
+
+# The environments in which other nnsight versions' clients are served (nnhost.runtimes
+# lists them): each over .venv's packages, holding only that nnsight. Built once, inside
+# .venv; `nnhost runtimes --again` rebuilds them.
+runtimes: $(VENV)/.installed
+	$(BIN)/python -m nnhost.runtimes
 
 $(VENV)/.installed: pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)

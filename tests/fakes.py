@@ -197,9 +197,21 @@ class BareReplicaSide:
     def __init__(self, groups=None) -> None:
         self.groups = groups
         self.sent: list[object] = []
+        #: What was sent to other runtimes' templates, as (runtime, message); those retired.
+        self.sent_to: list[tuple[str, object]] = []
+        self.retired: list[str] = []
 
     def send_control(self, message) -> None:
         self.sent.append(message)
+
+    def send_to(self, runtime: str, message) -> None:
+        if runtime:
+            self.sent_to.append((runtime, message))
+        else:
+            self.send_control(message)
+
+    def retire(self, runtime: str) -> None:
+        self.retired.append(runtime)
 
     def kill_host(self, reason) -> None:
         raise AssertionError("no host to kill here")

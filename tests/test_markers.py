@@ -28,7 +28,7 @@ KNOWN = {
     "tests/test_front_end.py::test_the_client_works_through_the_guides_site": {"e2e", "services"},
     "tests/test_ray_replicas.py::test_jobs_run_on_a_ray_node_with_local_results": {"e2e", "services"},
     "tests/security/test_guard_and_rules.py::test_guard_undoes_what_a_job_changed": {"security"},
-    "tests/security/test_escapes.py::test_no_connection_reaches_a_loopback_listener[fork]": {"security", "e2e"},
+    "tests/security/test_escapes.py::test_no_connection_reaches_a_loopback_listener[fork-0.8.1]": {"security", "e2e"},
     "tests/security/test_escapes.py::test_the_cases_cover_the_issue": {"security"},
 }
 

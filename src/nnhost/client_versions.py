@@ -16,15 +16,25 @@ refusal names only versions this installation really serves.
 
 from __future__ import annotations
 
+from functools import cache
 from importlib.metadata import version
 from typing import Optional, Sequence
 
 from packaging.version import InvalidVersion, Version
 
 
+@cache
+def own_version() -> str:
+    """The server's own nnsight: its clients' jobs run in the host's own runtime."""
+    return version("nnsight")
+
+
 def served_client_versions() -> tuple[str, ...]:
-    """The nnsight versions this installation has a runtime for: the server's own nnsight."""
-    return (version("nnsight"),)
+    """The nnsight versions this installation can serve: its own, then each runtime built here."""
+    from .runtimes import installed
+
+    own = own_version()
+    return (own,) + tuple(name for name in installed() if name != own)
 
 
 def serving_version(sent: str, served: Sequence[str]) -> Optional[str]:

@@ -285,6 +285,13 @@ class Settings(BaseSettings):
         description="nnsight client versions served, each with the code of its own version; any "
         "other is refused, naming these (default: every version this installation serves).",
     )
+    runtime_idle_seconds: Duration = Field(
+        600.0,
+        ge=0,
+        description="Seconds a runtime of another nnsight version than the server's own may go "
+        "without a job before its template stops (the next job of that version starts it again); "
+        "0 keeps it.",
+    )
     hub_serve_weights: bool = Field(
         False, description="Serve weight files from the Hub mirror as well as configs and tokenizers."
     )
@@ -472,12 +479,17 @@ class Settings(BaseSettings):
     @field_validator("client_versions")
     @classmethod
     def _client_versions(cls, value: list[str]) -> list[str]:
+        from .runtimes import RUNTIME_VERSIONS
+
         served = served_client_versions()
         unknown = [name for name in value if name not in served]
         if unknown or not value:
+            buildable = [name for name in unknown if name in RUNTIME_VERSIONS]
+            hint = (f" (`nnhost runtimes {' '.join(buildable)}` builds "
+                    f"{'its runtime' if len(buildable) == 1 else 'their runtimes'})" if buildable else "")
             raise ValueError(
                 f"{', '.join(unknown) or 'an empty list'}: this installation serves nnsight "
-                f"clients {', '.join(served)}; name one or more of those"
+                f"clients {', '.join(served)}; name one or more of those{hint}"
             )
         return value
 

@@ -17,7 +17,7 @@ import httpx
 
 from nnhost.execution.job_process import TEST_MAGIC, TEST_SEPARATOR
 
-from .helpers import MODEL_KEY, serialized_request
+from .helpers import MODEL_KEY, headers_for, serialized_request
 
 PRELUDE = textwrap.dedent(
     """
@@ -39,7 +39,7 @@ def submit_hostile(server, key: str, source: str, remote_model) -> str:
         f"{server.url}/request",
         data={"data": json.dumps({"model_key": MODEL_KEY, "compress": False})},
         files={"blob": ("request", blob, "application/octet-stream")},
-        headers={"ndif-api-key": key, "nnsight-version": "0.8.1"},
+        headers=headers_for(server, key),
         timeout=30,
     )
     assert response.status_code == 200, response.text

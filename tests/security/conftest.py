@@ -17,7 +17,11 @@ import sys
 import pytest
 from conftest import API_KEY, TEST_REPO
 
+from nnhost.client_versions import own_version
+from nnhost.runtimes import RUNTIME_VERSIONS, installed
 from nnhost.testing import ServerProcess
+
+OWN = own_version()
 
 MiB = 1024 * 1024
 SECURE_TIME_LIMIT = 5
@@ -29,15 +33,28 @@ SECRET = "nnhost-secret-" + secrets.token_hex(8)
 ISO_SECRET = "nnhost-iso-secret-" + secrets.token_hex(8)
 
 
-#: Every case runs against both execution designs (see `test_execution_designs`).
-DESIGNS = ["fork", "mapped"]
+#: Every case runs against both execution designs (see `test_execution_designs`), with
+#: the server's own nnsight, and in the default design against a runtime of another
+#: version (`nnhost.runtimes`): its requests name that version, so its job processes
+#: are that runtime's, forked from its template.
+SERVERS = [("fork", OWN), ("mapped", OWN), *(("fork", version) for version in RUNTIME_VERSIONS)]
+IDS = [f"{design}-{version}" for design, version in SERVERS]
 
 
-@pytest.fixture(scope="session", params=DESIGNS)
+def _with_runtime(process: ServerProcess, version: str) -> ServerProcess:
+    """``process``, whose raw requests name nnsight ``version`` (`helpers.headers_for`)."""
+    if version != OWN and version not in installed():
+        pytest.fail(f"no runtime for nnsight {version}: run `make install`", pytrace=False)
+    process.client_version = version  # type: ignore[attr-defined]
+    return process
+
+
+@pytest.fixture(scope="session", params=SERVERS, ids=IDS)
 def secure_server(request, root, server_hf_home, test_snapshot):
+    design, version = request.param
     process = ServerProcess(
         [TEST_REPO],
-        data_dir=root / f"secure-data-{request.param}",
+        data_dir=root / f"secure-data-{design}-{version}",
         hf_home=server_hf_home,
         api_key=API_KEY,
         extra_args=[
@@ -48,10 +65,10 @@ def secure_server(request, root, server_hf_home, test_snapshot):
             "NNHOST_MAX_REQUEST_BYTES": str(MAX_REQUEST_BYTES),
             "NNHOST_JOB_MEMORY_BYTES": str(JOB_MEMORY_BYTES),
             "NNHOST_TEST_SECRET": SECRET,
-            "NNHOST_EXECUTION": request.param,
+            "NNHOST_EXECUTION": design,
         },
     )
-    process.start()
+    _with_runtime(process, version).start()
     yield process
     process.stop()
 
@@ -72,11 +89,12 @@ def serving(secure_server, remote_model, local_reference):
     assert_serving(secure_server, remote_model, local_reference)
 
 
-@pytest.fixture(scope="session", params=DESIGNS)
+@pytest.fixture(scope="session", params=SERVERS, ids=IDS)
 def iso_server(request, root, server_hf_home, test_snapshot):
+    design, version = request.param
     process = ServerProcess(
         [TEST_REPO],
-        data_dir=root / f"isolation-data-{request.param}",
+        data_dir=root / f"isolation-data-{design}-{version}",
         hf_home=server_hf_home,
         api_key=API_KEY,
         extra_args=["--time-limit", "6", "--kill-grace", "2"],
@@ -85,10 +103,10 @@ def iso_server(request, root, server_hf_home, test_snapshot):
             "NNHOST_JOB_MEMORY_BYTES": str(512 * MiB),
             "NNHOST_SCRATCH_BYTES": str(64 * MiB),
             "NNHOST_TEST_SECRET": ISO_SECRET,
-            "NNHOST_EXECUTION": request.param,
+            "NNHOST_EXECUTION": design,
         },
     )
-    process.start()
+    _with_runtime(process, version).start()
     yield process
     process.stop()
 

@@ -18,6 +18,11 @@ MODEL_KEY = (
 HEADERS = {"ndif-api-key": API_KEY, "nnsight-version": "0.8.1"}
 
 
+def headers_for(server, key: str = API_KEY) -> dict:
+    """A raw request's headers: it names the nnsight version whose runtime ``server`` is tested with."""
+    return {"ndif-api-key": key, "nnsight-version": getattr(server, "client_version", "0.8.1")}
+
+
 def normal_program(model, remote):
     with model.trace(PROMPT, remote=remote):
         hidden = model.transformer.h[0].mlp.output.save()
@@ -37,7 +42,7 @@ def post(server, blob: bytes, *, compress: bool = False, data: Optional[str] = N
         f"{server.url}/request",
         data={"data": envelope},
         files={"blob": ("request", blob, "application/octet-stream")},
-        headers={**HEADERS, **(headers or {})},
+        headers={**headers_for(server), **(headers or {})},
         timeout=timeout,
     )
 

@@ -19,7 +19,7 @@ from conftest import API_KEY, TEST_REPO
 from nnhost.execution.job_process import TEST_MAGIC, TEST_SEPARATOR
 
 from .beaten_python import PRELUDE, reported, wait_for
-from .helpers import MODEL_KEY, serialized_request
+from .helpers import MODEL_KEY, headers_for, serialized_request
 
 ADAPTER = "nnhost-test/tiny-gpt2-lora"
 
@@ -57,7 +57,7 @@ def test_an_adapter_job_reaches_only_the_adapters_two_files(iso_server, server_h
         f"{iso_server.url}/request",
         data={"data": json.dumps(envelope)},
         files={"blob": ("request", blob, "application/octet-stream")},
-        headers={"ndif-api-key": API_KEY, "nnsight-version": "0.8.1"},
+        headers=headers_for(iso_server),
         timeout=30,
     )
     assert response.status_code == 200, response.text

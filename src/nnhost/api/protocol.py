@@ -30,6 +30,7 @@ from .deps import (
     bounded,
     check_client_version,
     client_python,
+    client_version,
     identify,
     require_admitted,
     require_principal,
@@ -101,6 +102,7 @@ async def submit_request(request: Request) -> Response:
     form = await _read_form(request, limits.request_bytes)
     submission = _parse_envelope(form.get("data"))
     submission.client_python = client_python(request)
+    submission.client_version = client_version(request)
     upload = form.get("blob")
     if not isinstance(upload, UploadFile):
         raise HTTPException(422, "The form file 'blob' is missing: it must hold the serialized trace.")

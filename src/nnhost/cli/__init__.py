@@ -45,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_setting_flags(demo, only=["data_dir"])
     demo.set_defaults(run=demo_model)
 
+    runtimes = commands.add_parser(
+        "runtimes", add_help=False,
+        help="Build the environments that serve other nnsight versions' clients (`nnhost runtimes -h`).")
+    runtimes.add_argument("rest", nargs=argparse.REMAINDER)  # parsed by nnhost.runtimes (see main)
+
     from .operate import register as register_operator_commands
 
     register_operator_commands(commands)
@@ -57,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["runtimes"]:
+        from .. import runtimes
+
+        return runtimes.main(argv[1:])  # its own parser: its -h is its own
     args = build_parser().parse_args(argv)
     from ..config import SettingsError
 

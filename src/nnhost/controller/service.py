@@ -180,6 +180,7 @@ class JobService:
                 compress=job.compress,
                 env=job.env,
                 client_python=job.client_python,
+                runtime=job.client_version,
                 result_path=str(self.results.staging_path(job.id)),
                 time_limit=self.settings.time_limit,
                 max_result_bytes=self.settings.max_result_bytes,

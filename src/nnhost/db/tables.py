@@ -86,6 +86,8 @@ jobs = Table(
     #: The client's Python (``3.12.1``), from its ``python-version`` header: the payload's
     #: reader translates or refuses what that Python records and the server's cannot.
     Column("client_python", Text, nullable=False, server_default=""),
+    #: The served nnsight version the client's matched (``0.8.0``; empty: the server's own).
+    Column("client_version", Text, nullable=False, server_default=""),
     Index("jobs_by_status", "status"),
     Index("jobs_by_user", "user_id", "created_at"),
 )

@@ -99,6 +99,9 @@ class JobSpec:
     #: Whose job it is (the account): a job's process that ran it may run that
     #: account's next jobs, never another's (`replicas.slots`). Not sent to the job.
     owner: str = ""
+    #: The nnsight version of the runtime that runs it (`nnhost.runtimes`); empty:
+    #: the host's own. The replica chooses the job's process by it. Not sent to the job.
+    runtime: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

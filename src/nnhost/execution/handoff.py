@@ -48,7 +48,7 @@ def send_job(channel: Channel, spec: JobSpec, stay_within: int = 0) -> None:
         for name in ADAPTER_FILES if spec.adapter_path else ():
             adapter_fds.append(os.open(os.path.join(spec.adapter_path, name), os.O_RDONLY | os.O_CLOEXEC))
         job = replace(spec, payload_path="", result_path="", payload_fd=-1, result_fd=-1,
-                      adapter_path="", adapter_fds=[-1] * len(adapter_fds), owner="")
+                      adapter_path="", adapter_fds=[-1] * len(adapter_fds), owner="", runtime="")
         channel.send(Run(job=job, stay_within=stay_within), [payload_fd, result_fd, *adapter_fds])
     finally:
         for fd in (payload_fd, result_fd, *adapter_fds):

@@ -58,6 +58,7 @@ from .messages import (
     Discard,
     Event,
     Exit,
+    Export,
     Fork,
     Kinds,
     Message,
@@ -135,7 +136,7 @@ def main() -> None:
 
             exported = _export(model)
             host_report = contain(policy.limits, namespaces_problem, host_only=True)
-            template_report = template.hand_over(exported)
+            template_report = template.hand_over(exported)  # keeps them, for runtimes' templates
             containment.update(template_report)
             containment["execution"] = design.value
             state(
@@ -145,7 +146,7 @@ def main() -> None:
                 "without weights and maps them (the mapped design).",
                 weight_bytes(model),
             )
-            template.relay(control, options.device)
+            template.relay(control, options.device, exported)
             os._exit(0)
         runner, guard, report = secure(model, policy, namespaces_problem, fork_mode=fork_mode)
         containment.update(report.to_dict())
@@ -319,15 +320,14 @@ class Template:
     def hand_over(self, exported: ExportedWeights) -> dict[str, Any]:
         """Wait for the template's tree, send it the handles; returns its containment report."""
         ready = self._expect("READY")
-        try:
-            self.channel.send(Weights(tensors=exported.tensors), exported.fds)
-        finally:
-            exported.close()  # the template holds them now; the host keeps its mapping only
+        self.channel.send(Weights(tensors=exported.tensors), exported.fds)
         self._expect("RUNNING")
         return dict(ready.containment or {})
 
-    def relay(self, control: Channel, device: str) -> None:
+    def relay(self, control: Channel, device: str, exported: ExportedWeights) -> None:
         """Pass the replica's messages to the template and its answers back, until either ends.
+
+        The host answers `Export` itself, with the handles it gave the template.
 
         The weights stay where they were exported (``device``): every ready job
         process has mapped them there. A request to move them, or the
@@ -360,6 +360,9 @@ class Template:
                                   f"({describe_status(self.process)}); restarting", file=sys.stderr, flush=True)
                             os._exit(3)
                         return
+                    if isinstance(message, Export):
+                        control.send(Weights(tensors=exported.tensors), exported.fds)
+                        continue
                     if isinstance(message, Place):
                         if message.device == device:
                             control.send(State(state="RUNNING", description=(
@@ -458,6 +461,8 @@ class Forker:
             elif isinstance(message, Place):
                 self.control.send(State(state="RUNNING",
                                         description="Weights on cpu (every job's process shares them)."))
+            elif isinstance(message, Export):
+                self._export()
             elif isinstance(message, Stop):
                 break
         for pid in self.children:
@@ -466,6 +471,22 @@ class Forker:
             except OSError:
                 pass
         os._exit(0)
+
+    def _export(self) -> None:
+        """The weights' handles, to the replica, for a runtime's template (this host's own pages)."""
+        from .mapped_weights import export
+
+        image = getattr(self.runner, "weight_image", None)
+        if image is None or image.fd < 0:
+            # Only a replica with runtimes asks, and then the image kept its descriptor.
+            print(f"nnhost host {os.getpid()}: asked for the weights' handles, which it did not keep",
+                  file=sys.stderr, flush=True)
+            return
+        exported = export(self.runner.model, image=image)
+        try:
+            self.control.send(Weights(tensors=exported.tensors), exported.fds)
+        finally:
+            exported.close()
 
     def _reap(self) -> None:
         while self.children:

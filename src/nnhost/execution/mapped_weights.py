@@ -32,7 +32,7 @@ import mmap
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from .weights import WeightImage, pack_storages, seal
 
@@ -81,8 +81,11 @@ def _storage_bytes(tensor: Any) -> Any:
     return raw if tensor.device.type == "cpu" else raw.cpu()
 
 
-def export(model: Any) -> ExportedWeights:
+def export(model: Any, image: Optional[WeightImage] = None) -> ExportedWeights:
     """In the host: seal the weights into images (re-pointing its own parameters at them).
+
+    ``image``: the CPU parameters are already sealed there, with its descriptor
+    kept (the fork design's host, `worker.secure`): exported as they are.
 
     Images, in order: the CPU parameters (a sealed memfd, shared read-only),
     the buffers and tensor attributes of every device (a sealed memfd, copied
@@ -99,13 +102,17 @@ def export(model: Any) -> ExportedWeights:
     images: list[dict[str, Any]] = []
     fds: list[int] = []
     places: dict[int, tuple[int, int]] = {}  # storage pointer -> (image, offset)
-    image = WeightImage.build(on_cpu, keep_fd=True) if on_cpu else None
+    if image is not None and on_cpu:
+        shared_fd = os.dup(image.fd)  # the image keeps its own; these are the receiver's
+    else:
+        image = WeightImage.build(on_cpu, keep_fd=True) if on_cpu else None
+        shared_fd = image.fd if image is not None else -1
     if image is not None:
         for tensor in on_cpu:
             if tensor.numel():
                 places[tensor.untyped_storage().data_ptr()] = (len(images), image.offset_of(tensor))
         images.append({"kind": "shared", "size": image.size, "device": "cpu"})
-        fds.append(image.fd)
+        fds.append(shared_fd)
     elif on_cpu and any(t.numel() for t in on_cpu):
         raise OSError("this system cannot seal the weights into a memfd, which the mapped design needs")
     # Buffers and attributes: one CPU copy per storage, whatever device it lives on.

@@ -91,10 +91,20 @@ class Options(Message):
 
 
 class Weights(Message):
-    """The host's weights, to the template: ``tensors`` handles, as descriptors (`mapped_weights`)."""
+    """The host's weights: ``tensors`` handles, as descriptors (`mapped_weights`).
+
+    From the host to its template, and to the replica when it asked (`Export`),
+    which hands them on to a runtime's template (`replicas.runtimes`).
+    """
 
     type: Literal["weights"] = "weights"
     tensors: int
+
+
+class Export(Message):
+    """Send the weights' handles (`Weights`): a runtime's template maps the same weights."""
+
+    type: Literal["export"] = "export"
 
 
 class Fork(Message):
@@ -345,11 +355,11 @@ def _refusal(kind: str, error: ValidationError) -> str:
 
 
 #: What a host reads from the replica (a template, from its host): its set-up, then commands.
-ToHost = Union[Prepare, Options, Weights, Fork, Discard, Park, Resume, Place, Stop]
-TO_HOST: Kinds[ToHost] = Kinds(Prepare, Options, Weights, Fork, Discard, Park, Resume, Place, Stop)
+ToHost = Union[Prepare, Options, Weights, Export, Fork, Discard, Park, Resume, Place, Stop]
+TO_HOST: Kinds[ToHost] = Kinds(Prepare, Options, Weights, Export, Fork, Discard, Park, Resume, Place, Stop)
 #: What the replica reads from its host (the host, from its template).
-FromHost = Union[State, Slot, Exit]
-FROM_HOST: Kinds[FromHost] = Kinds(State, Slot, Exit)
+FromHost = Union[State, Slot, Exit, Weights]
+FROM_HOST: Kinds[FromHost] = Kinds(State, Slot, Exit, Weights)
 #: What a job's process (or a reusable slot) reads from the replica.
 TO_JOB: Kinds[Run] = Kinds(Run)
 #: What a job's own process reads before its job: its job, or first a word to warm up.

@@ -50,6 +50,12 @@ class WorkerPolicy:
     spare_hosts: int = 0
     #: Seconds a replica waits for a job process it asked for to say it is ready.
     job_start_timeout: float = 120.0
+    #: nnsight version -> the Python of its runtime (`nnhost.runtimes`): a job of a
+    #: client of that version runs in a template the replica starts with it.
+    runtimes: dict[str, str] = field(default_factory=dict)
+    #: Seconds a runtime other than the host's own may go without a job before its
+    #: template stops (the next job of that version starts it again); 0: never.
+    runtime_idle: float = 600.0
 
     def design(self, device: str) -> Design:
         """The design for a model whose home is ``device``.
@@ -113,7 +119,18 @@ def policy_from_settings(settings: Any) -> WorkerPolicy:
         execution=str(getattr(settings, "execution", "auto") or "auto"),
         spare_hosts=int(getattr(settings, "spare_hosts", 0) or 0),
         job_start_timeout=float(getattr(settings, "job_start_timeout", 0) or WorkerPolicy.job_start_timeout),
+        runtimes=runtime_interpreters(getattr(settings, "client_versions", None) or []),
+        runtime_idle=float(getattr(settings, "runtime_idle_seconds", WorkerPolicy.runtime_idle)),
     )
+
+
+def runtime_interpreters(versions: list[str]) -> dict[str, str]:
+    """The Python of each served version's runtime, all but the server's own nnsight's."""
+    from ..client_versions import own_version
+    from ..runtimes import interpreter
+
+    own = own_version()
+    return {name: str(interpreter(name)) for name in versions if name != own}
 
 
 def pop_policy() -> WorkerPolicy:

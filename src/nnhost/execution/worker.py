@@ -159,7 +159,9 @@ def secure(
     if fork_mode:
         from .weights import WeightImage
 
-        runner.weight_image = WeightImage.build(list(model._module.parameters()))
+        # Its descriptor is kept where other runtimes' templates may map the same
+        # weights (`mapped_weights.export`, asked for by the replica).
+        runner.weight_image = WeightImage.build(list(model._module.parameters()), keep_fd=bool(policy.runtimes))
     else:
         guard = ModelGuard(model, runner.persistent_objects)
         runner.guard = guard

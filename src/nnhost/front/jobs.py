@@ -48,6 +48,8 @@ class Submission:
     env: dict[str, Any]
     #: The Python the client ran on (`api.deps.client_python`), empty if unknown.
     client_python: str = ""
+    #: The served nnsight version the client's matched (`api.deps.client_version`).
+    client_version: str = ""
 
 
 class ControllerLink(Protocol):
@@ -115,6 +117,7 @@ class JobFront:
             compress=submission.compress,
             env=submission.env,
             client_python=submission.client_python,
+            client_version=submission.client_version,
             status=Status.RECEIVED,
             description=f"Your request for {spec.name} was received.",
             base_url=base_url,

@@ -91,3 +91,5 @@ class Job:
     started_at: Optional[float] = None
     #: The Python the client ran on (``3.12.1``; empty when it did not say).
     client_python: str = ""
+    #: The served nnsight version whose runtime runs it (``0.8.0``; empty: the server's own).
+    client_version: str = ""

@@ -187,6 +187,7 @@ class JobStore:
                     "base_url": job.base_url,
                     "priority": int(job.priority),
                     "client_python": job.client_python,
+                    "client_version": job.client_version,
                 },
             )
         return job
@@ -310,4 +311,5 @@ def _job(row: RowMapping) -> Job:
         priority=bool(row["priority"]),
         started_at=row["started_at"],
         client_python=row["client_python"],
+        client_version=row["client_version"],
     )

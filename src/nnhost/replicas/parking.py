@@ -60,12 +60,12 @@ class Parking:
         del self.parked[:len(pushed_out)]
         return pushed_out
 
-    def take(self, owner: str) -> Optional[Slot]:
-        """The parked process of ``owner``, the most recently used, if there is one; it leaves the lot."""
+    def take(self, owner: str, runtime: str = "") -> Optional[Slot]:
+        """The parked process of ``owner`` in ``runtime``, the most recently used, if any; it leaves the lot."""
         if not owner:
             return None
         for slot in reversed(self.parked):
-            if slot.owner == owner:
+            if slot.owner == owner and slot.runtime == runtime:
                 self.parked.remove(slot)
                 return slot
         return None

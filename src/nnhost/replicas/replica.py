@@ -39,12 +39,13 @@ from ..execution.cgroups import JobGroups
 from ..execution.channel import BadMessage, Channel, close_all
 from ..execution.events import JobSpec
 from ..execution.job_process import describe_exit
-from ..execution.messages import FROM_HOST, Exit, Message, Options, Place, State, Stop
+from ..execution.messages import FROM_HOST, Exit, Message, Options, Place, State, Stop, Weights
 from ..execution.messages import Slot as SlotMessage
 from ..execution.policy import Design, WorkerPolicy
 from ..execution.worker import WorkerOptions, crash_hint
 from .contract import OnIdle, OnIncident, OnJobEvent, OnState, ReplicaState, ReplicaStatus
 from .incidents import Incident
+from .runtimes import RuntimeTemplates
 from .slots import JobProcesses, Slot
 from .spare_hosts import SPARES, clean_environment, start_host
 from .stuck import process_snapshot
@@ -105,6 +106,8 @@ class LocalReplica:
         self._watchdog: Optional[threading.Thread] = None
         self.jobs = JobProcesses(name, self.policy, self._lock, self, on_job_event=on_job_event,
                                  on_idle=on_idle, on_incident=on_incident)
+        #: The templates of the other nnsight versions' runtimes, started on demand.
+        self.runtimes = RuntimeTemplates(name, self.policy, options, self, HOST_ENVIRONMENT)
 
     # -- the Replica seam ------------------------------------------------------
 
@@ -153,11 +156,28 @@ class LocalReplica:
 
     def submit(self, spec: JobSpec, more_waiting: bool = False) -> None:
         with self._lock:
+            problem = self._runtime_problem(spec.runtime)
+            if problem:
+                self.jobs.fail_spec(spec, problem)
+                return
             if not self.jobs.has_room:
                 raise RuntimeError(f"replica {self.name} runs {len(self.jobs.running)} jobs, all it may")
             if self._state.state is not ReplicaStatus.RUNNING or self.jobs.spare is None:
                 raise RuntimeError(f"replica {self.name} is not ready ({self._state.state})")
             self.jobs.submit(spec, more_waiting)
+
+    def _runtime_problem(self, runtime: str) -> Optional[str]:
+        """Why this replica cannot run a job of ``runtime`` (None: it can)."""
+        if not runtime:
+            return None
+        if runtime not in self.policy.runtimes:
+            return (f"This server no longer serves nnsight {runtime} clients (its client_versions "
+                    "setting changed). Install a version it serves; /status lists them.")
+        if self.policy.design(self.options.home_device) is Design.IN_PROCESS:
+            return (f"This model runs every job in its worker's own process (trusted mode, or an "
+                    f"accelerator without execution = \"mapped\"), which has only the server's own "
+                    f"nnsight: nnsight {runtime} clients cannot be served by it. Ask the operator.")
+        return None
 
     def cancel(self, job_id: str) -> bool:
         with self._lock:
@@ -173,6 +193,7 @@ class LocalReplica:
             self._restart_at = None
             host = self._host
             self.send_control(Stop())
+        self.runtimes.stop()
         if host is not None:
             try:
                 host.wait(timeout=5)
@@ -238,6 +259,31 @@ class LocalReplica:
         except OSError:
             pass
 
+    def send_to(self, runtime: str, message: Message) -> None:
+        if runtime:
+            self.runtimes.send(runtime, message)
+        else:
+            self.send_control(message)
+
+    def retire(self, runtime: str) -> None:
+        log.info("%s: the nnsight %s runtime had no job for %g s; stopping it", self.name, runtime,
+                 self.policy.runtime_idle)
+        # Not under the lock the caller holds: the template takes a moment to end.
+        threading.Thread(target=self.runtimes.stop, args=(runtime,), daemon=True).start()
+
+    # -- what its runtimes' templates need of it (`runtimes.RuntimeSide`) ------------------
+
+    def runtime_slot(self, runtime: str, message: SlotMessage, fds: list[int], generation: int) -> None:
+        self.jobs.add(message, fds, generation, runtime)
+
+    def runtime_exit(self, pid: int, status: int) -> None:
+        self.jobs.exited(pid, status)
+
+    def runtime_failed(self, runtime: str, description: str) -> None:
+        with self._lock:
+            self.jobs.runtime_failed(runtime, description)
+        self._on_idle()
+
     def kill_host(self, reason: Optional[str]) -> None:
         self._kill_reason = reason or self._kill_reason
         if self._host is not None and self._host.poll() is None:
@@ -288,6 +334,8 @@ class LocalReplica:
                 self.jobs.add(message, fds, generation)
             elif isinstance(message, Exit):
                 self.jobs.exited(message.pid, message.status)
+            elif isinstance(message, Weights):
+                self.runtimes.weights(message, fds)  # what a runtime's template asked for
             else:
                 close_all(fds)
         try:
@@ -307,6 +355,8 @@ class LocalReplica:
             running = self.jobs.host_died(generation, reason)
             stopping = self._stopping
             unhealthy_at_load = self._state.state is ReplicaStatus.UNHEALTHY
+        # Their job processes map the dead host's weights: the next host's are others.
+        self.runtimes.stop()
         for slot in running:
             if slot.job is not None and slot.watch is not None and not slot.watch.finished:
                 slot.watch.finished = True

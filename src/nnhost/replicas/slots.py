@@ -47,6 +47,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("nnhost.replica")
 
 
+@dataclass
+class Queued:
+    """A job of another runtime that waits for its runtime's job process."""
+
+    spec: JobSpec
+    more_waiting: bool
+    since: float
+
+
 @dataclass(eq=False)
 class Slot:
     """A process that runs (or will run) one user's jobs."""
@@ -58,6 +67,8 @@ class Slot:
     generation: int = 0
     ready: bool = False
     containment: Optional[dict[str, Any]] = None
+    #: The nnsight runtime it belongs to (`replicas.runtimes`); empty: the host's own.
+    runtime: str = ""
     job: Optional[JobSpec] = None
     watch: Optional[JobWatch] = None
     lines: Optional[LogLines] = None
@@ -97,6 +108,13 @@ class ReplicaSide(Protocol):
 
     def send_control(self, message: Message) -> None:
         """Tell the host (`execution.host`); nothing happens once it is gone."""
+
+    def send_to(self, runtime: str, message: Message) -> None:
+        """Tell what forks ``runtime``'s job processes: the host for its own (""), else that
+        runtime's template (`replicas.runtimes`), started first if it is not running."""
+
+    def retire(self, runtime: str) -> None:
+        """Stop ``runtime``'s template: no job of it came for a while."""
 
     def kill_host(self, reason: Optional[str]) -> None:
         """Kill the host, which ran the job itself (a reusable slot), for ``reason``."""
@@ -141,24 +159,33 @@ class JobProcesses:
         self.asked_at: Optional[float] = None
         #: The spare is to warm up once no job runs (none waited when it was asked for).
         self.warm_spare = False
+        #: The ready job process of each other runtime that has one (`replicas.runtimes`).
+        self.runtime_spares: dict[str, Slot] = {}
+        #: Jobs of another runtime that wait for its job process (started on demand), oldest first.
+        self.queued: dict[str, list[Queued]] = {}
+        #: When each other runtime last ran a job (it is stopped once idle for long).
+        self.runtime_used: dict[str, float] = {}
 
     # -- what the replica asks -------------------------------------------------------------
 
     @property
     def has_room(self) -> bool:
         """Another job may start (the caller holds the lock)."""
-        return len(self.running) < self.capacity
+        return len(self.running) + sum(len(waiting) for waiting in self.queued.values()) < self.capacity
 
     def running_job(self, job_id: str) -> Optional[Slot]:
         """The slot running ``job_id``, if one does (the caller holds the lock)."""
         return next((slot for slot in self.running if slot.job is not None and slot.job.job_id == job_id), None)
 
-    def request_fork(self, warm: bool = True) -> None:
-        """Ask the host for the next job process (``warm``: one that warms up before it is ready)."""
-        if self.asked_at is None:
+    def request_fork(self, warm: bool = True, runtime: str = "") -> None:
+        """Ask the host (or ``runtime``'s template) for the next job process.
+
+        ``warm``: one that warms up before it is ready.
+        """
+        if self.asked_at is None and not runtime:
             self.asked_at = time.monotonic()
         groups = self._replica.groups
-        self._replica.send_control(Fork(memory_cgroup=bool(groups and groups.available), warm=warm))
+        self._replica.send_to(runtime, Fork(memory_cgroup=bool(groups and groups.available), warm=warm))
 
     def submit(self, spec: JobSpec, more_waiting: bool = False) -> None:
         """Hand ``spec`` to its owner's parked process, or else to the spare slot.
@@ -168,14 +195,29 @@ class JobProcesses:
         process goes without a warm-up. Otherwise it warms up once this job
         has ended (`messages.Warm`), not beside it (see `job_process.live`).
         """
-        slot = self.parking.take(spec.owner)
+        slot = self.parking.take(spec.owner, spec.runtime)
         fresh = slot is None
-        if slot is None:
+        if spec.runtime:
+            self.runtime_used[spec.runtime] = time.monotonic()
+        if slot is None and spec.runtime:
+            slot = self.runtime_spares.pop(spec.runtime, None)
+            if slot is None:
+                # Its runtime's job process comes first (and its template, if it stopped).
+                first = spec.runtime not in self.queued
+                self.queued.setdefault(spec.runtime, []).append(Queued(spec, more_waiting, time.monotonic()))
+                if first:
+                    self.request_fork(warm=False, runtime=spec.runtime)
+                return
+        elif slot is None:
             slot = self.spare
             assert slot is not None  # LocalReplica.submit checked
             self.spare = None
         else:
-            self._replica.send_control(Resume(pid=slot.pid))
+            self._replica.send_to(slot.runtime, Resume(pid=slot.pid))
+        self._hand(slot, spec, fresh, more_waiting)
+
+    def _hand(self, slot: Slot, spec: JobSpec, fresh: bool, more_waiting: bool) -> None:
+        """Give ``spec`` to ``slot`` (the lock held), and ask for the next ready process."""
         slot.job, slot.watch = spec, JobWatch(spec)
         slot.lines = LogLines(spec.max_log_lines)
         slot.started = time.monotonic()
@@ -194,16 +236,43 @@ class JobProcesses:
             # job does not fit the channel: whatever it is, it fails this job
             # (its reader reports the reason), never the replica.
             self.kill(slot, f"The server could not hand your request to its process ({error}).")
-        if not slot.reusable and fresh:
+        if not slot.reusable and fresh and slot.runtime:
+            self.request_fork(warm=False, runtime=slot.runtime)
+        elif not slot.reusable and fresh:
             # A warm-up costs a whole request's CPU: it pays only while no job
             # waits for the process it prepares, and only once this job is done.
             self.warm_spare = not more_waiting
             self.request_fork(warm=False)
 
     def expire(self, now: float) -> None:
-        """Kill what waits too long for its owner's next job (lock held)."""
+        """Kill what waits too long for its owner's next job, fail what waits too long for
+        its runtime, and stop a runtime idle for long (lock held)."""
         for slot in self.parking.expired(now):
             self.kill(slot, None)
+        limit = self.policy.job_start_timeout
+        for runtime, waiting in list(self.queued.items()):
+            if waiting and now - waiting[0].since > limit:
+                self.runtime_failed(runtime, f"No job process of the nnsight {runtime} runtime was ready "
+                                             f"{limit:g} s after it was asked for (job_start_timeout).")
+        idle = self.policy.runtime_idle
+        for runtime, used in list(self.runtime_used.items()):
+            if idle <= 0 or now - used <= idle or runtime in self.queued or any(
+                    slot.runtime == runtime for slot in self.running + self.parking.parked + self.parking.settling):
+                continue
+            del self.runtime_used[runtime]
+            spare = self.runtime_spares.pop(runtime, None)
+            if spare is not None:
+                self.kill(spare, None)
+            self._replica.retire(runtime)
+
+    def runtime_failed(self, runtime: str, description: str) -> None:
+        """``runtime`` cannot run jobs now: its waiting jobs fail, its spare goes (lock held)."""
+        for waiting in self.queued.pop(runtime, []):
+            self.fail_spec(waiting.spec, f"{description} You can resubmit your request.")
+        spare = self.runtime_spares.pop(runtime, None)
+        if spare is not None:
+            self.kill(spare, None)
+        self.runtime_used.pop(runtime, None)
 
     def _settled(self, slot: Slot) -> None:
         """``slot`` said it is ready after its job: park it for its owner, or end it."""
@@ -217,14 +286,14 @@ class JobProcesses:
                 return
             pushed_out = self.parking.park(slot, time.monotonic())
             # Stopped before anything else is said to the host: a Resume follows it.
-            self._replica.send_control(Park(pid=slot.pid, most_bytes=PARKED_BYTES))
+            self._replica.send_to(slot.runtime, Park(pid=slot.pid, most_bytes=PARKED_BYTES))
             for old in pushed_out:
                 self.kill(old, None)
 
-    def add(self, message: SlotMessage, fds: list[int], generation: int) -> None:
-        """A slot the host made (descriptors: its channel, its log pipe); its reader starts."""
+    def add(self, message: SlotMessage, fds: list[int], generation: int, runtime: str = "") -> None:
+        """A slot the host (or ``runtime``'s template) made (descriptors: its channel, its log pipe)."""
         slot = Slot(message.pid, Channel(socket.socket(fileno=fds[0])), fds[1] if len(fds) > 1 else -1,
-                    reusable=message.reusable, generation=generation)
+                    reusable=message.reusable, generation=generation, runtime=runtime)
         close_all(fds[2:])
         with self._lock:
             self.slots[slot.pid] = slot
@@ -267,6 +336,10 @@ class JobProcesses:
         self.slots = {p: s for p, s in self.slots.items() if s.generation != generation}
         self.spare = None
         self.warm_spare = False  # the next host's first process warms up before it is ready, or not at all
+        self.runtime_spares.clear()
+        self.runtime_used.clear()
+        for runtime in list(self.queued):
+            self.runtime_failed(runtime, reason + " The model's worker was restarted.")
         running, self.running = self.running, []
         self.parking = Parking()
         for slot in slots:
@@ -334,6 +407,8 @@ class JobProcesses:
             if message.containment is not None:
                 slot.containment = dict(message.containment)
                 self._replica.show_containment(slot)
+            if slot.runtime:
+                return self._runtime_ready(slot)
             with self._lock:
                 if self.spare is None and not self._replica.stopping and (
                     not slot.reusable or not self.running
@@ -374,6 +449,26 @@ class JobProcesses:
             self._job_done(slot)
             return slot.reusable or slot.staying
         self._on_job_event(checked)
+        return True
+
+    def _runtime_ready(self, slot: Slot) -> bool:
+        """Another runtime's job process is ready: the job that waits for it, or its runtime's spare."""
+        with self._lock:
+            if self._replica.stopping or slot.generation != self._replica.generation:
+                self.kill(slot, None)
+                return True
+            waiting = self.queued.get(slot.runtime)
+            if waiting:
+                first = waiting.pop(0)
+                if not waiting:
+                    del self.queued[slot.runtime]
+                self._hand(slot, first.spec, True, first.more_waiting)
+                return True
+            if slot.runtime in self.runtime_spares:
+                self.kill(slot, None)
+                return True
+            self.runtime_spares[slot.runtime] = slot
+        self._on_idle()
         return True
 
     def _log_bytes(self, slot: Slot, data: bytes, pending: list[str], draining: bool = False) -> None:
@@ -465,9 +560,11 @@ class JobProcesses:
             os.close(slot.log_fd)
             slot.log_fd = -1
         with self._lock:
-            was_spare = self.spare is slot
-            if was_spare:
+            was_spare = self.spare is slot or self.runtime_spares.get(slot.runtime) is slot
+            if self.spare is slot:
                 self.spare = None
+            if self.runtime_spares.get(slot.runtime) is slot:
+                del self.runtime_spares[slot.runtime]
             self.parking.forget(slot)
         if slot.job is not None and slot.watch is not None and not slot.watch.finished:
             slot.watch.finished = True
@@ -488,10 +585,15 @@ class JobProcesses:
             self._on_idle()
         elif slot.job is None and not slot.reusable and not self._replica.stopping:
             with self._lock:
-                if slot.generation == self._replica.generation and (was_spare or not slot.ready):
+                if slot.runtime and slot.runtime not in self.queued:
+                    pass  # another runtime's process is forked for a job that waits, not ahead
+                elif slot.generation == self._replica.generation and (was_spare or not slot.ready):
                     self.early_deaths += 1
                     if self.early_deaths <= 5:
-                        self.request_fork()
+                        self.request_fork(runtime=slot.runtime)
+                    elif slot.runtime:
+                        self.runtime_failed(slot.runtime, f"Job processes of the nnsight {slot.runtime} "
+                                                          "runtime keep dying before their first job.")
                     else:
                         self._replica.unhealthy("Job processes keep dying before their first job; see the server log.")
 
@@ -518,6 +620,11 @@ class JobProcesses:
         note = f"\n{self._out_of_memory()} while it ran. Use fewer or shorter inputs, or save less."
         return replace(event, description=cut_description(event.description, note))
 
+    def fail_spec(self, spec: JobSpec, description: str) -> None:
+        """A job that never reached a process ends with ``description``."""
+        discard_result(spec)
+        self._on_job_event(JobEvent(spec.job_id, "ERROR", cut_description(description)))
+
     def fail(self, slot: Slot, description: str) -> None:
         assert slot.job is not None  # only a slot that was given a job fails one
         discard_result(slot.job)
@@ -534,7 +641,7 @@ class JobProcesses:
             # The host runs the job itself: it is the process to replace.
             self._replica.kill_host(reason)
         else:
-            self._replica.send_control(Discard(pid=slot.pid))
+            self._replica.send_to(slot.runtime, Discard(pid=slot.pid))
 
 
 
