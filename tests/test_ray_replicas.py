@@ -2,7 +2,8 @@
 
 A server started with ``--cluster HOST:PORT`` runs its model's replica as a
 Ray actor on one of two worker nodes; the unmodified nnsight client gets the
-same results as a local run. Removing the node that holds the replica in the
+same results as a local run, and a client of another nnsight version is
+served by its runtime on that node. Removing the node that holds the replica in the
 middle of a job ends that job with an ERROR that says so; the replica comes
 back on the surviving node, and the next job succeeds. /status reports each
 node's memory and what replicas hold there, and a model that no single node
@@ -94,6 +95,22 @@ def test_jobs_run_on_a_ray_node_with_local_results(ray_server, ray_cluster, remo
         logits = local_model.lm_head.output.save()
     for got in remote:
         assert_identical(got, (hidden, logits))
+
+
+def test_a_client_of_another_version_is_served_by_its_runtime_on_the_ray_node(ray_server, test_snapshot):
+    """The replica's actor starts the runtime's template on its node, beside the host it holds."""
+    from test_runtimes import job_nnsight, runtime_versions
+
+    version = runtime_versions()[0]
+    job, client, equal = job_nnsight(ray_server, version, test_snapshot)
+    assert (job, client, equal) == (version, version, True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        held = [entry.get("runtimes") or {} for entry in ray_server.status()["deployments"].values()]
+        if any(runtimes.get(version) for runtimes in held):
+            break
+        time.sleep(0.5)
+    assert any(runtimes.get(version) for runtimes in held), held
 
 
 def test_an_api_process_and_a_controller_on_ray_serve_the_client(

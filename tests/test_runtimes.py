@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 from conftest import API_KEY, TEST_REPO
+from parity_programs import PROGRAMS
 from test_client_versions import client_python
 
 from nnhost.client_versions import own_version
@@ -129,10 +130,20 @@ def test_every_parity_program_gives_what_the_same_client_gives_locally(runtime_s
                       str(test_snapshot),
                       timeout=1800)
     reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert reports, f"exit {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert len(reports) == len(PROGRAMS), f"exit {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert {report["client"] for report in reports} == {version}
     failed = {report["program"]: report["outcome"] for report in reports if report["outcome"] != "ok"}
     assert not failed, "\n\n".join(f"{name}: {why}" for name, why in failed.items())
+
+
+def test_env_answers_with_the_runtime_a_client_names(runtime_server):
+    import httpx
+
+    for version in [own_version(), *runtime_versions()]:
+        env = httpx.get(f"{runtime_server.url}/env", headers={"nnsight-version": version}, timeout=30).json()
+        assert env["packages"]["nnsight"] == version
+    plain = httpx.get(f"{runtime_server.url}/env", timeout=30).json()  # what the 0.8 clients ask
+    assert plain["packages"]["nnsight"] == own_version()
 
 
 def _processes() -> dict[int, tuple[int, str]]:
@@ -192,6 +203,14 @@ def test_a_runtimes_job_processes_map_the_hosts_weights(runtime_server, test_sna
              if "-m nnhost.execution.host" in table[pid][1]]
     host_weights = set().union(*(_weight_maps(pid) for pid in hosts))
     assert host_weights, "the host maps no sealed weights"
+    # /status shows what the runtime holds of its own: a process or two, far from the weights.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        held = [entry.get("runtimes") or {} for entry in runtime_server.status()["deployments"].values()]
+        if any(version in runtimes for runtimes in held):
+            break
+        time.sleep(0.5)
+    assert any(runtimes.get(version, 0) > 0 for runtimes in held), held
     # The parameters' image is the host's own memfd; the buffers' is a private copy per
     # export (some forward passes write them), a few KiB here.
     assert any(_weight_maps(pid) & host_weights for pid in jobs), \

@@ -50,15 +50,14 @@ def interpreter(version: str) -> Path:
     return root(version) / "bin" / "python"
 
 
+def site_packages(version: str) -> Path:
+    """Where ``version``'s runtime keeps its own packages (it runs this very Python)."""
+    return Path(sysconfig.get_path("purelib", vars={"base": str(root(version)), "platbase": str(root(version))}))
+
+
 def installed() -> tuple[str, ...]:
     """The runtime versions built and checked here."""
     return tuple(version for version in RUNTIME_VERSIONS if (root(version) / MARKER).is_file())
-
-
-def _site_packages(python: Path) -> Path:
-    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         check=True, capture_output=True, text=True)
-    return Path(out.stdout.strip())
 
 
 def build(version: str, *, quiet: bool = True) -> Path:
@@ -79,7 +78,7 @@ def build(version: str, *, quiet: bool = True) -> Path:
     import nnhost
 
     shared = [sysconfig.get_paths()["purelib"], str(Path(nnhost.__file__).resolve().parent.parent)]
-    (_site_packages(python) / "nnhost-runtime.pth").write_text("".join(f"{path}\n" for path in dict.fromkeys(shared)))
+    (site_packages(version) / "nnhost-runtime.pth").write_text("".join(f"{path}\n" for path in dict.fromkeys(shared)))
     command = [sys.executable, "-m", "pip", "--python", str(python), "install", f"nnsight=={version}"]
     if quiet:
         command.append("--quiet")

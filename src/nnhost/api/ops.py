@@ -17,6 +17,8 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import PlainTextResponse, Response
 
 from ..auth.access import Throttled
+from ..client_versions import own_version, serving_version
+from ..runtimes import site_packages
 from ..storage.blocking import run_blocking
 from ..telemetry.metrics import CONTENT_TYPE_LATEST
 from .deps import API_KEY_HEADER, client_address, server_of, too_many
@@ -24,12 +26,13 @@ from .deps import API_KEY_HEADER, client_address, server_of, too_many
 router = APIRouter()
 
 
-@lru_cache(maxsize=1)
-def installed_packages() -> dict[str, str]:
-    """Installed distributions keyed by the name one imports them by.
+@lru_cache(maxsize=None)
+def installed_packages(runtime: str = "") -> dict[str, str]:
+    """Installed distributions keyed by the name one imports them by (``runtime``'s, if named).
 
     Only installed distributions: modules that merely sit on the server's path
-    are the server's own business and are not listed.
+    are the server's own business and are not listed. A runtime (`nnhost.runtimes`)
+    is the server's environment with its own few distributions (its nnsight) first.
     """
     imports_of: dict[str, list[str]] = {}
     for import_name, dist_names in packages_distributions().items():
@@ -38,7 +41,10 @@ def installed_packages() -> dict[str, str]:
         for dist_name in dist_names:
             imports_of.setdefault(dist_name, []).append(import_name)
     packages: dict[str, str] = {}
-    for dist in distributions():
+    found = list(distributions())
+    if runtime:
+        found += list(distributions(path=[str(site_packages(runtime))]))  # the runtime's win
+    for dist in found:
         name = dist.metadata["Name"]
         if not name:
             continue
@@ -70,8 +76,14 @@ async def status(request: Request) -> dict[str, Any]:
 
 
 @router.get("/env")
-async def env() -> dict[str, Any]:
-    return {"python_version": sys.version, "packages": installed_packages()}
+async def env(request: Request) -> dict[str, Any]:
+    """The environment jobs run in: the runtime of the version an ``nnsight-version`` header
+    names, the server's own otherwise (the 0.8 clients' ``compare()`` sends none)."""
+    served = server_of(request).settings.client_versions
+    sent = request.headers.get("nnsight-version", "").strip()
+    matched = serving_version(sent, served) if sent else None
+    runtime = matched if matched is not None and matched != own_version() else ""
+    return {"python_version": sys.version, "packages": installed_packages(runtime)}
 
 
 @router.get("/whoami")

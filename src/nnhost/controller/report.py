@@ -54,5 +54,6 @@ def status_entries(manager: "DeploymentManager") -> dict[str, dict[str, Any]]:
                 "busy": replica.running > 0,
                 "pid": replica.pid,
                 "containment": state.containment,
+                "runtimes": state.runtimes,
             }
     return entries

@@ -176,6 +176,8 @@ class State(Message):
     description: str = ""
     weight_bytes: Optional[int] = None
     containment: Optional[dict[str, Any]] = None
+    #: A Ray replica's other runtimes and their memory (`contract.ReplicaState.runtimes`).
+    runtimes: Optional[dict[str, int]] = None
 
 
 class Slot(Message):

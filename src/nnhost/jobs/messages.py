@@ -288,6 +288,8 @@ class StatusEntry(_Given):
     pid: Optional[int] = None
     #: The replica's own containment report, as it gave it.
     containment: Optional[dict[str, Any]] = None
+    #: Other nnsight versions' runtimes running beside it, and the bytes each holds.
+    runtimes: Optional[dict[str, int]] = None
     queued: Optional[int] = None
 
 

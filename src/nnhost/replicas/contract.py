@@ -47,6 +47,9 @@ class ReplicaState:
     weight_bytes: Optional[int] = None
     #: Which containment layers the processes run under (see execution.containment).
     containment: Optional[dict[str, Any]] = None
+    #: The other nnsight versions' runtimes running beside it (`replicas.runtimes`), each
+    #: with the memory its processes hold of their own (the weights are the host's).
+    runtimes: Optional[dict[str, int]] = None
 
 
 OnJobEvent = Callable[[JobEvent], None]

@@ -115,7 +115,8 @@ class ReplicaHost:
 
     def _state(self, state: ReplicaState) -> None:
         self._push(State(state=state.state.value, description=state.description,
-                         weight_bytes=state.weight_bytes, containment=state.containment))
+                         weight_bytes=state.weight_bytes, containment=state.containment,
+                         runtimes=state.runtimes))
 
     def _idle(self) -> None:
         self._push(RayIdle(accepting=self.replica.accepting))

@@ -310,7 +310,7 @@ class RayReplica:
             where = (f" On Ray node {self.node.get('node_id', '?')} ({self.node.get('address', '?')})."
                      if self.node else "")
             self._set_state(ReplicaState(state, f"{message.description}{where}",
-                                         message.weight_bytes, message.containment))
+                                         message.weight_bytes, message.containment, message.runtimes))
         elif isinstance(message, RayIdle):
             self._remote_accepting = message.accepting
             self._on_idle()

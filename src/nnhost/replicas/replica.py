@@ -32,7 +32,7 @@ import logging
 import subprocess
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Optional
 
 from ..execution.cgroups import JobGroups
@@ -58,6 +58,10 @@ HOST_ENVIRONMENT = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "H
                     # The GPUs this process was given (by Ray for its actor, or by the
                     # operator): the model's cuda:N are those, not the node's first ones.
                     "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+#: Seconds between two measures of the memory its other runtimes hold.
+RUNTIME_MEMORY_EVERY = 5.0
 
 
 def _signal_name(exitcode: Optional[int]) -> str:
@@ -181,6 +185,8 @@ class LocalReplica:
 
     def cancel(self, job_id: str) -> bool:
         with self._lock:
+            if self.jobs.cancel_queued(job_id, "Your request was cancelled while it waited for its runtime."):
+                return True
             slot = self.jobs.running_job(job_id)
             if slot is None:
                 return False
@@ -323,7 +329,8 @@ class LocalReplica:
                 except ValueError:
                     status, description = ReplicaStatus.UNHEALTHY, (
                         f"The worker reported an unknown state ({message.state[:40]!r}).")
-                self._set_state(ReplicaState(status, description, message.weight_bytes, self._containment()))
+                self._set_state(ReplicaState(status, description, message.weight_bytes, self._containment(),
+                                             self._state.runtimes))
                 if status is ReplicaStatus.RUNNING and not asked_first:
                     asked_first = True
                     with self._lock:
@@ -379,12 +386,23 @@ class LocalReplica:
         time limit holds. What goes wrong in one pass is logged, and the next
         pass runs.
         """
+        measured = 0.0
         while True:
             time.sleep(0.25)
             try:
                 self._watch_once()
+                if time.monotonic() - measured > RUNTIME_MEMORY_EVERY:
+                    measured = time.monotonic()
+                    self._report_runtimes()
             except Exception:
                 log.exception("the watchdog of %s", self.name)
+
+    def _report_runtimes(self) -> None:
+        """Its other runtimes and their memory, in its state when they changed (to the MiB)."""
+        memory = {name: size >> 20 << 20 for name, size in self.runtimes.memory().items()} or None
+        with self._lock:
+            if memory != self._state.runtimes:
+                self._set_state(replace(self._state, runtimes=memory))
 
     def _watch_once(self) -> None:
         with self._lock:

@@ -121,9 +121,12 @@ class RuntimeTemplates:
         template.weights = (message.tensors, fds)
         template.arrived.set()
 
-    def started(self) -> list[str]:
+    def memory(self) -> dict[str, int]:
+        """Each running runtime's own memory: its template's and its job processes' private bytes."""
         with self._lock:
-            return sorted(self._templates)
+            running = {name: t.process.pid for name, t in self._templates.items()
+                       if t.running and t.process is not None}
+        return {name: sum(_private_bytes(one) for one in _tree(pid)) for name, pid in sorted(running.items())}
 
     def stop(self, runtime: Optional[str] = None) -> None:
         """Stop ``runtime``'s template (all of them, with None); its job processes end with it."""
@@ -236,6 +239,39 @@ class RuntimeTemplates:
         if not template.stopping:
             log.error("%s: %s", self.name, description)
             self._replica.runtime_failed(template.runtime, description)
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process below it, from ``/proc`` (gone ones are left out)."""
+    found, frontier = [], [pid]
+    while frontier:
+        one = frontier.pop()
+        found.append(one)
+        try:
+            tasks = os.listdir(f"/proc/{one}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{one}/task/{task}/children") as file:
+                    frontier += [int(child) for child in file.read().split()]
+            except (OSError, ValueError):
+                pass
+    return found
+
+
+def _private_bytes(pid: int) -> int:
+    """What ending ``pid`` would free: its private pages (mapped weights are shared, not counted)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as file:
+            lines = file.read().splitlines()
+    except OSError:
+        return 0
+    total = 0
+    for line in lines:
+        if line.startswith(("Private_Clean:", "Private_Dirty:")):
+            total += int(line.split()[1]) * 1024
+    return total
 
 
 def _hang_up(channel: Channel) -> None:

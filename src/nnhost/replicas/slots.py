@@ -165,6 +165,8 @@ class JobProcesses:
         self.queued: dict[str, list[Queued]] = {}
         #: When each other runtime last ran a job (it is stopped once idle for long).
         self.runtime_used: dict[str, float] = {}
+        #: Other runtimes whose next spare is to warm up once no job runs (`warm_spare`'s kin).
+        self.warm_runtimes: set[str] = set()
 
     # -- what the replica asks -------------------------------------------------------------
 
@@ -237,6 +239,8 @@ class JobProcesses:
             # (its reader reports the reason), never the replica.
             self.kill(slot, f"The server could not hand your request to its process ({error}).")
         if not slot.reusable and fresh and slot.runtime:
+            if not more_waiting:
+                self.warm_runtimes.add(slot.runtime)
             self.request_fork(warm=False, runtime=slot.runtime)
         elif not slot.reusable and fresh:
             # A warm-up costs a whole request's CPU: it pays only while no job
@@ -265,6 +269,18 @@ class JobProcesses:
                 self.kill(spare, None)
             self._replica.retire(runtime)
 
+    def cancel_queued(self, job_id: str, description: str) -> bool:
+        """End ``job_id`` if it waits for its runtime's process (lock held); whether it did."""
+        for runtime, waiting in list(self.queued.items()):
+            for entry in waiting:
+                if entry.spec.job_id == job_id:
+                    waiting.remove(entry)
+                    if not waiting:
+                        del self.queued[runtime]
+                    self.fail_spec(entry.spec, description)
+                    return True
+        return False
+
     def runtime_failed(self, runtime: str, description: str) -> None:
         """``runtime`` cannot run jobs now: its waiting jobs fail, its spare goes (lock held)."""
         for waiting in self.queued.pop(runtime, []):
@@ -273,6 +289,7 @@ class JobProcesses:
         if spare is not None:
             self.kill(spare, None)
         self.runtime_used.pop(runtime, None)
+        self.warm_runtimes.discard(runtime)
 
     def _settled(self, slot: Slot) -> None:
         """``slot`` said it is ready after its job: park it for its owner, or end it."""
@@ -338,6 +355,7 @@ class JobProcesses:
         self.warm_spare = False  # the next host's first process warms up before it is ready, or not at all
         self.runtime_spares.clear()
         self.runtime_used.clear()
+        self.warm_runtimes.clear()
         for runtime in list(self.queued):
             self.runtime_failed(runtime, reason + " The model's worker was restarted.")
         running, self.running = self.running, []
@@ -468,6 +486,7 @@ class JobProcesses:
                 self.kill(slot, None)
                 return True
             self.runtime_spares[slot.runtime] = slot
+            self._warm_the_spare()
         self._on_idle()
         return True
 
@@ -527,15 +546,27 @@ class JobProcesses:
             self.running.remove(slot)
 
     def _warm_the_spare(self) -> None:
-        """The spare warms up now if no job runs and none waited when it was asked for (lock held)."""
-        spare = self.spare
-        if not self.warm_spare or self.running or spare is None or spare.reusable or spare.job is not None:
+        """A spare warms up now if no job runs and none waited when it was asked for (lock held).
+
+        The server's own spare, and each other runtime's alike (`warm_runtimes`).
+        """
+        if self.running:
             return
-        self.warm_spare = False
-        try:
-            spare.channel.send(Warm())
-        except OSError:
-            pass  # it died: its reader reports that
+        spares = []
+        spare = self.spare
+        if self.warm_spare and spare is not None and not spare.reusable and spare.job is None:
+            self.warm_spare = False
+            spares.append(spare)
+        for runtime in sorted(self.warm_runtimes):
+            spare = self.runtime_spares.get(runtime)
+            if spare is not None and spare.job is None:
+                self.warm_runtimes.discard(runtime)
+                spares.append(spare)
+        for spare in spares:
+            try:
+                spare.channel.send(Warm())
+            except OSError:
+                pass  # it died: its reader reports that
 
     def _violation(self, slot: Slot, why: str) -> None:
         with self._lock:

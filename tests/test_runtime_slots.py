@@ -1,0 +1,171 @@
+"""How a replica's job processes serve a job of another nnsight runtime (`replicas.slots`).
+
+No process here: the replica side is `fakes.BareReplicaSide`, which keeps what
+would go to the host and to each runtime's template, and a job process is
+the replica's end of a socket pair. What is shown: a job of a runtime with
+no ready process waits, counted against the capacity, while that runtime is
+asked for one; the runtime's process, once ready, takes it, and the next is
+asked for; a process of one runtime never takes another runtime's job, nor
+a parked one another runtime's; a runtime that cannot start fails the jobs
+that wait for it, with its reason; a waiting job can be cancelled; a runtime
+idle past ``runtime_idle`` is retired, and one with work is not.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+from fakes import BareReplicaSide
+
+from nnhost.execution.channel import Channel
+from nnhost.execution.events import JobSpec
+from nnhost.execution.messages import TO_SPARE, Discard, Fork, Ready, Run
+from nnhost.execution.policy import WorkerPolicy
+from nnhost.replicas.slots import JobProcesses, Slot
+
+
+@pytest.fixture
+def world(tmp_path):
+    replica = BareReplicaSide()
+    events: list = []
+    jobs = JobProcesses("org/a", WorkerPolicy(runtime_idle=60.0), threading.RLock(), replica,
+                        on_job_event=events.append, on_idle=lambda: None, on_incident=lambda kind: None)
+    jobs.capacity = 2
+    sockets: list[socket.socket] = []
+    yield jobs, replica, events, sockets, tmp_path
+    for sock in sockets:
+        sock.close()
+
+
+def job(tmp_path, n: int, runtime: str = "", owner: str = "") -> JobSpec:
+    (tmp_path / f"payload-{n}").write_bytes(b"x")
+    return JobSpec(f"{n:032d}", str(tmp_path / f"payload-{n}"), False, result_path=str(tmp_path / f"result-{n}"),
+                   runtime=runtime, owner=owner)
+
+
+def ready_process(jobs, sockets, pid: int, runtime: str = "") -> tuple[Slot, Channel]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sockets += [ours, theirs]
+    slot = Slot(pid=pid, channel=Channel(ours), generation=BareReplicaSide.generation, runtime=runtime)
+    jobs.slots[pid] = slot
+    assert jobs._slot_message(slot, Ready(), [])
+    return slot, Channel(theirs)
+
+
+def told(channel: Channel) -> list:
+    channel.sock.setblocking(False)
+    heard = []
+    try:
+        while True:
+            message, fds = TO_SPARE.receive(channel)
+            for fd in fds:
+                import os
+
+                os.close(fd)
+            heard.append(message)
+    except BlockingIOError:
+        return heard
+
+
+def test_a_job_waits_for_its_runtimes_first_process_and_takes_it(world):
+    jobs, replica, events, sockets, tmp_path = world
+    spec = job(tmp_path, 1, runtime="0.8.0")
+    jobs.submit(spec)
+    assert [(runtime, type(message)) for runtime, message in replica.sent_to] == [("0.8.0", Fork)]
+    assert not any(isinstance(message, Fork) for message in replica.sent), "the host was asked instead"
+    assert jobs.running == [] and len(jobs.queued["0.8.0"]) == 1
+    jobs.submit(job(tmp_path, 2, runtime="0.8.0"))
+    assert not jobs.has_room, "a waiting job counts against the capacity"
+    assert len(replica.sent_to) == 1, "one process is asked for at a time"
+
+    slot, channel = ready_process(jobs, sockets, 501, runtime="0.8.0")
+    assert [type(message) for message in told(channel)] == [Run]
+    assert slot.job is not None and slot.job.job_id == spec.job_id and jobs.running == [slot]
+    assert [(runtime, type(message)) for runtime, message in replica.sent_to][1:] == [("0.8.0", Fork)]
+    second, second_channel = ready_process(jobs, sockets, 502, runtime="0.8.0")
+    assert [type(message) for message in told(second_channel)] == [Run]
+    assert jobs.queued == {}
+
+
+def test_a_process_of_one_runtime_never_takes_anothers_job(world):
+    jobs, replica, events, sockets, tmp_path = world
+    own, own_channel = ready_process(jobs, sockets, 600)
+    assert jobs.spare is own
+    jobs.submit(job(tmp_path, 1, runtime="0.8.0"))
+    assert jobs.spare is own and told(own_channel) == []
+    other, other_channel = ready_process(jobs, sockets, 601, runtime="0.8.0")
+    assert told(other_channel) and other.job is not None
+    # And a ready process of the runtime stays that runtime's when the server's own version asks.
+    spare, spare_channel = ready_process(jobs, sockets, 602, runtime="0.8.0")
+    assert jobs.runtime_spares == {"0.8.0": spare}
+    jobs.submit(job(tmp_path, 2))
+    assert own.job is not None and spare.job is None and told(spare_channel) == []
+
+
+def test_a_parked_process_takes_only_its_owners_job_of_its_runtime(world):
+    jobs, replica, events, sockets, tmp_path = world
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sockets += [ours, theirs]
+    parked = Slot(pid=700, channel=Channel(ours), runtime="0.8.0", ready=True)
+    parked.owner = "ada"
+    jobs.parking.parked.append(parked)
+    assert jobs.parking.take("ada", "") is None
+    assert jobs.parking.take("ada", "0.8.0") is parked
+
+
+def test_a_runtime_that_cannot_start_fails_the_jobs_that_wait_for_it(world):
+    jobs, replica, events, sockets, tmp_path = world
+    jobs.submit(job(tmp_path, 1, runtime="0.8.0"))
+    jobs.submit(job(tmp_path, 2, runtime="0.8.0"))
+    jobs.runtime_failed("0.8.0", "The nnsight 0.8.0 runtime could not start: no runtime is installed for it.")
+    assert [(event.status, event.description) for event in events] == [
+        ("ERROR", "The nnsight 0.8.0 runtime could not start: no runtime is installed for it. "
+                  "You can resubmit your request."),
+    ] * 2
+    assert jobs.queued == {} and jobs.has_room
+
+
+def test_a_waiting_job_can_be_cancelled(world):
+    jobs, replica, events, sockets, tmp_path = world
+    spec = job(tmp_path, 1, runtime="0.8.0")
+    jobs.submit(spec)
+    assert jobs.cancel_queued(spec.job_id, "cancelled")
+    assert not jobs.cancel_queued(spec.job_id, "cancelled")
+    assert [(event.job_id, event.status) for event in events] == [(spec.job_id, "ERROR")]
+
+
+def test_a_runtime_idle_for_long_is_retired_and_one_with_work_is_not(world):
+    jobs, replica, events, sockets, tmp_path = world
+    jobs.submit(job(tmp_path, 1, runtime="0.8.0"))
+    used = jobs.runtime_used["0.8.0"]
+    jobs.expire(used + 120)  # long idle, but its job still waits for a process
+    assert replica.retired == []
+    ready_process(jobs, sockets, 800, runtime="0.8.0")
+    running = jobs.running[0]
+    jobs.expire(used + 120)
+    assert replica.retired == [], "its job runs"
+    jobs.running.remove(running)
+    spare, _ = ready_process(jobs, sockets, 801, runtime="0.8.0")
+    jobs.expire(used + 30)
+    assert replica.retired == [], "not idle long enough"
+    jobs.expire(used + 120)
+    assert replica.retired == ["0.8.0"]
+    assert ("0.8.0", Discard(pid=spare.pid)) in replica.sent_to and jobs.runtime_spares == {}
+
+
+def test_a_runtimes_next_process_warms_up_once_no_job_runs(world):
+    """As the server's own spare does (`test_warm_job_processes`): not beside a running job."""
+    from nnhost.execution.messages import Event, Warm
+
+    jobs, replica, events, sockets, tmp_path = world
+    spec = job(tmp_path, 1, runtime="0.8.0")
+    jobs.submit(spec)
+    first, _ = ready_process(jobs, sockets, 900, runtime="0.8.0")
+    following, following_channel = ready_process(jobs, sockets, 901, runtime="0.8.0")
+    assert told(following_channel) == [], "it warmed up beside the running job"
+    assert jobs._slot_message(first, Event(job_id=spec.job_id, status="RUNNING", description="r"), [])
+    (tmp_path / "result-1").write_bytes(b"r")
+    jobs._slot_message(first, Event(job_id=spec.job_id, status="COMPLETED", description="c", result_size=1), [])
+    assert [type(message) for message in told(following_channel)] == [Warm]
