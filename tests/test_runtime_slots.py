@@ -169,3 +169,39 @@ def test_a_runtimes_next_process_warms_up_once_no_job_runs(world):
     (tmp_path / "result-1").write_bytes(b"r")
     jobs._slot_message(first, Event(job_id=spec.job_id, status="COMPLETED", description="c", result_size=1), [])
     assert [type(message) for message in told(following_channel)] == [Warm]
+
+
+def test_a_runtime_that_is_not_installed_says_so_to_the_jobs_waiting_for_it():
+    """`replicas.runtimes`: a template that cannot start reports why, and nothing is left running."""
+    from nnhost.execution.worker import WorkerOptions
+    from nnhost.replicas.runtimes import RuntimeTemplates
+
+    class Side:
+        generation = 1
+
+        def __init__(self) -> None:
+            self.failed: list[tuple[str, str]] = []
+            self.done = threading.Event()
+
+        def send_control(self, message) -> None:
+            raise AssertionError(f"the host was asked for {message} before any template ran")
+
+        def runtime_slot(self, *args) -> None:
+            raise AssertionError("no job process can come from a runtime that is not there")
+
+        def runtime_exit(self, pid, status) -> None:
+            pass
+
+        def runtime_failed(self, runtime: str, description: str) -> None:
+            self.failed.append((runtime, description))
+            self.done.set()
+
+    side = Side()
+    policy = WorkerPolicy(runtimes={"0.8.0": "/nonexistent/nnhost-runtimes/nnsight-0.8.0/bin/python"})
+    templates = RuntimeTemplates("org/a", policy, WorkerOptions(model_key="m"), side, ())
+    templates.send("0.8.0", Fork(memory_cgroup=False, warm=False))
+    assert side.done.wait(30)
+    ((runtime, description),) = side.failed
+    assert runtime == "0.8.0"
+    assert "no runtime is installed for it" in description and "`nnhost runtimes 0.8.0`" in description
+    assert templates.memory() == {}

@@ -15,7 +15,10 @@ What is shown here, in both execution designs:
 - the runtime's job processes map the host's weights (the same memfd) and
   hold no copy of them;
 - a runtime idle for ``runtime_idle_seconds`` stops its template, and the
-  next job of that version starts it again.
+  next job of that version starts it again;
+- ``/env`` answers with the runtime a request names;
+- where one process runs every job (trusted mode), a client of another
+  version is told why it cannot be served, in its own exception.
 """
 
 from __future__ import annotations
@@ -231,5 +234,27 @@ def test_an_idle_runtime_stops_and_starts_again_on_the_next_job(root, server_hf_
             time.sleep(0.5)
         assert not runtime_templates(server, version), "the idle runtime's template is still running"
         assert job_nnsight(server, version, test_snapshot)[0] == version
+    finally:
+        server.stop()
+
+
+def test_where_one_process_runs_every_job_another_version_is_told_why(root, server_hf_home, test_snapshot):
+    """Trusted mode (and an accelerator without the mapped design) has no template to fork from."""
+    version = runtime_versions()[0]
+    server = ServerProcess(
+        [TEST_REPO], data_dir=root / "runtime-trusted", hf_home=server_hf_home, api_key=API_KEY,
+        env={"NNHOST_CONTAINMENT": "false"},
+    )
+    server.start()
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            script = Path(folder) / "trace_remotely.py"
+            script.write_text(VERSION_PROGRAM)
+            done = run_script(python_of(version), server, script, TEST_REPO, str(test_snapshot))
+        assert done.returncode != 0 and "JOB-NNSIGHT" not in done.stdout
+        text = " ".join((done.stdout + done.stderr).split())
+        assert f"nnsight {version} clients cannot be served by it" in text, text[-3000:]
+        # The server's own version is served there as ever.
+        assert job_nnsight(server, own_version(), test_snapshot)[0] == own_version()
     finally:
         server.stop()
