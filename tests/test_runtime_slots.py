@@ -7,8 +7,10 @@ no ready process waits, counted against the capacity, while that runtime is
 asked for one; the runtime's process, once ready, takes it, and the next is
 asked for; a process of one runtime never takes another runtime's job, nor
 a parked one another runtime's; a runtime that cannot start fails the jobs
-that wait for it, with its reason; a waiting job can be cancelled; a runtime
-idle past ``runtime_idle`` is retired, and one with work is not.
+that wait for it, with its reason (and `replicas.runtimes` says why, for one
+that is not installed); a waiting job can be cancelled; a runtime idle past
+``runtime_idle`` is retired, and one with work is not; a runtime's next
+process warms up only once no job runs.
 """
 
 from __future__ import annotations
