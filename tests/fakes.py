@@ -227,7 +227,7 @@ class FakeJobProcess:
     """One fake job process of a `replicas.slots.JobProcesses`: the replica's end of its
     channel, and ours. Made, it says it is ready, so it becomes the spare."""
 
-    def __init__(self, jobs, pid: int) -> None:
+    def __init__(self, jobs, pid: int, runtime: str = "") -> None:
         import socket
 
         from nnhost.execution.channel import Channel
@@ -235,7 +235,7 @@ class FakeJobProcess:
         from nnhost.replicas.slots import Slot
 
         ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.slot = Slot(pid=pid, channel=Channel(ours), generation=BareReplicaSide.generation)
+        self.slot = Slot(pid=pid, channel=Channel(ours), generation=BareReplicaSide.generation, runtime=runtime)
         jobs.slots[pid] = self.slot
         assert jobs._slot_message(self.slot, Ready(), [])
 

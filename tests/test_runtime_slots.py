@@ -19,11 +19,11 @@ import socket
 import threading
 
 import pytest
-from fakes import BareReplicaSide
+from fakes import BareReplicaSide, FakeJobProcess
 
 from nnhost.execution.channel import Channel
 from nnhost.execution.events import JobSpec
-from nnhost.execution.messages import TO_SPARE, Discard, Fork, Ready, Run
+from nnhost.execution.messages import Discard, Fork, Run
 from nnhost.execution.policy import WorkerPolicy
 from nnhost.replicas.slots import JobProcesses, Slot
 
@@ -47,28 +47,11 @@ def job(tmp_path, n: int, runtime: str = "", owner: str = "") -> JobSpec:
                    runtime=runtime, owner=owner)
 
 
-def ready_process(jobs, sockets, pid: int, runtime: str = "") -> tuple[Slot, Channel]:
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    sockets += [ours, theirs]
-    slot = Slot(pid=pid, channel=Channel(ours), generation=BareReplicaSide.generation, runtime=runtime)
-    jobs.slots[pid] = slot
-    assert jobs._slot_message(slot, Ready(), [])
-    return slot, Channel(theirs)
-
-
-def told(channel: Channel) -> list:
-    channel.sock.setblocking(False)
-    heard = []
-    try:
-        while True:
-            message, fds = TO_SPARE.receive(channel)
-            for fd in fds:
-                import os
-
-                os.close(fd)
-            heard.append(message)
-    except BlockingIOError:
-        return heard
+def ready_process(jobs, sockets, pid: int, runtime: str = "") -> FakeJobProcess:
+    """A job process of ``runtime`` that has just said it is ready (closed with the test's sockets)."""
+    process = FakeJobProcess(jobs, pid, runtime)
+    sockets += [process.slot.channel.sock, process.theirs]
+    return process
 
 
 def test_a_job_waits_for_its_runtimes_first_process_and_takes_it(world):
@@ -82,28 +65,28 @@ def test_a_job_waits_for_its_runtimes_first_process_and_takes_it(world):
     assert not jobs.has_room, "a waiting job counts against the capacity"
     assert len(replica.sent_to) == 1, "one process is asked for at a time"
 
-    slot, channel = ready_process(jobs, sockets, 501, runtime="0.8.0")
-    assert [type(message) for message in told(channel)] == [Run]
-    assert slot.job is not None and slot.job.job_id == spec.job_id and jobs.running == [slot]
+    first = ready_process(jobs, sockets, 501, runtime="0.8.0")
+    assert [type(message) for message in first.told()] == [Run]
+    assert first.slot.job is not None and first.slot.job.job_id == spec.job_id and jobs.running == [first.slot]
     assert [(runtime, type(message)) for runtime, message in replica.sent_to][1:] == [("0.8.0", Fork)]
-    second, second_channel = ready_process(jobs, sockets, 502, runtime="0.8.0")
-    assert [type(message) for message in told(second_channel)] == [Run]
+    second = ready_process(jobs, sockets, 502, runtime="0.8.0")
+    assert [type(message) for message in second.told()] == [Run]
     assert jobs.queued == {}
 
 
 def test_a_process_of_one_runtime_never_takes_anothers_job(world):
     jobs, replica, events, sockets, tmp_path = world
-    own, own_channel = ready_process(jobs, sockets, 600)
-    assert jobs.spare is own
+    own = ready_process(jobs, sockets, 600)
+    assert jobs.spare is own.slot
     jobs.submit(job(tmp_path, 1, runtime="0.8.0"))
-    assert jobs.spare is own and told(own_channel) == []
-    other, other_channel = ready_process(jobs, sockets, 601, runtime="0.8.0")
-    assert told(other_channel) and other.job is not None
+    assert jobs.spare is own.slot and own.told() == []
+    other = ready_process(jobs, sockets, 601, runtime="0.8.0")
+    assert other.told() and other.slot.job is not None
     # And a ready process of the runtime stays that runtime's when the server's own version asks.
-    spare, spare_channel = ready_process(jobs, sockets, 602, runtime="0.8.0")
-    assert jobs.runtime_spares == {"0.8.0": spare}
+    spare = ready_process(jobs, sockets, 602, runtime="0.8.0")
+    assert jobs.runtime_spares == {"0.8.0": spare.slot}
     jobs.submit(job(tmp_path, 2))
-    assert own.job is not None and spare.job is None and told(spare_channel) == []
+    assert own.slot.job is not None and spare.slot.job is None and spare.told() == []
 
 
 def test_a_parked_process_takes_only_its_owners_job_of_its_runtime(world):
@@ -149,7 +132,7 @@ def test_a_runtime_idle_for_long_is_retired_and_one_with_work_is_not(world):
     jobs.expire(used + 120)
     assert replica.retired == [], "its job runs"
     jobs.running.remove(running)
-    spare, _ = ready_process(jobs, sockets, 801, runtime="0.8.0")
+    spare = ready_process(jobs, sockets, 801, runtime="0.8.0").slot
     jobs.expire(used + 30)
     assert replica.retired == [], "not idle long enough"
     jobs.expire(used + 120)
@@ -164,13 +147,13 @@ def test_a_runtimes_next_process_warms_up_once_no_job_runs(world):
     jobs, replica, events, sockets, tmp_path = world
     spec = job(tmp_path, 1, runtime="0.8.0")
     jobs.submit(spec)
-    first, _ = ready_process(jobs, sockets, 900, runtime="0.8.0")
-    following, following_channel = ready_process(jobs, sockets, 901, runtime="0.8.0")
-    assert told(following_channel) == [], "it warmed up beside the running job"
+    first = ready_process(jobs, sockets, 900, runtime="0.8.0").slot
+    following = ready_process(jobs, sockets, 901, runtime="0.8.0")
+    assert following.told() == [], "it warmed up beside the running job"
     assert jobs._slot_message(first, Event(job_id=spec.job_id, status="RUNNING", description="r"), [])
     (tmp_path / "result-1").write_bytes(b"r")
     jobs._slot_message(first, Event(job_id=spec.job_id, status="COMPLETED", description="c", result_size=1), [])
-    assert [type(message) for message in told(following_channel)] == [Warm]
+    assert [type(message) for message in following.told()] == [Warm]
 
 
 def test_a_runtime_that_is_not_installed_says_so_to_the_jobs_waiting_for_it():

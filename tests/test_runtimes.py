@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 from conftest import API_KEY, TEST_REPO
 from parity_programs import PROGRAMS
+from process_tree import descendants, processes
 from test_client_versions import client_python
 
 from nnhost.client_versions import own_version
@@ -149,38 +150,11 @@ def test_env_answers_with_the_runtime_a_client_names(runtime_server):
     assert plain["packages"]["nnsight"] == own_version()
 
 
-def _processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line) of every process."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as file:
-                parent = int(file.read().rpartition(")")[2].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as file:
-                command = file.read().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, ValueError, IndexError):
-            continue
-        table[int(entry)] = (parent, command)
-    return table
-
-
-def _descendants(table: dict[int, tuple[int, str]], root: int) -> list[int]:
-    found, frontier = [], [root]
-    while frontier:
-        pid = frontier.pop()
-        children = [child for child, (parent, _) in table.items() if parent == pid]
-        found += children
-        frontier += children
-    return found
-
-
 def runtime_templates(server: ServerProcess, version: str) -> list[int]:
     assert server.process is not None
-    table = _processes()
+    table = processes()
     marker = f"nnsight-{version}/bin/python -m nnhost.execution.template"
-    found = [pid for pid in _descendants(table, server.process.pid) if marker in table[pid][1]]
+    found = [pid for pid in descendants(server.process.pid, table) if marker in table[pid][1]]
     return [pid for pid in found if table[pid][0] not in found]  # its job processes are its forks
 
 
@@ -199,10 +173,10 @@ def test_a_runtimes_job_processes_map_the_hosts_weights(runtime_server, test_sna
     assert job_nnsight(runtime_server, version, test_snapshot)[0] == version
     templates = runtime_templates(runtime_server, version)
     assert len(templates) == 1, templates
-    table = _processes()
-    jobs = _descendants(table, templates[0])
+    table = processes()
+    jobs = descendants(templates[0], table)
     assert jobs, "the runtime keeps no job process ready after a job"
-    hosts = [pid for pid in _descendants(table, runtime_server.process.pid)
+    hosts = [pid for pid in descendants(runtime_server.process.pid, table)
              if "-m nnhost.execution.host" in table[pid][1]]
     host_weights = set().union(*(_weight_maps(pid) for pid in hosts))
     assert host_weights, "the host maps no sealed weights"
