@@ -10,7 +10,8 @@ a parked one another runtime's; a runtime that cannot start fails the jobs
 that wait for it, with its reason (and `replicas.runtimes` says why, for one
 that is not installed); a waiting job can be cancelled; a runtime idle past
 ``runtime_idle`` is retired, and one with work is not; a runtime's next
-process warms up only once no job runs.
+process warms up only once no job runs; only a fork starts a runtime's
+template again.
 """
 
 from __future__ import annotations
@@ -190,3 +191,38 @@ def test_a_runtime_that_is_not_installed_says_so_to_the_jobs_waiting_for_it():
     assert runtime == "0.8.0"
     assert "no runtime is installed for it" in description and "`nnhost runtimes 0.8.0`" in description
     assert templates.memory() == {}
+
+
+def test_only_a_fork_starts_a_runtimes_template(monkeypatch):
+    """A `Discard` or `Park` for a runtime that stopped names processes that ended with it."""
+    from nnhost.execution.messages import Park
+    from nnhost.execution.worker import WorkerOptions
+    from nnhost.replicas import runtimes
+    from nnhost.replicas.runtimes import RuntimeTemplates
+
+    started: list[str] = []
+
+    class Thread:
+        def __init__(self, target, args, name, daemon) -> None:
+            self.name = name
+
+        def start(self) -> None:
+            started.append(self.name)
+
+    monkeypatch.setattr(runtimes.threading, "Thread", Thread)
+
+    class Side:
+        generation = 1
+
+        def send_control(self, message) -> None:
+            raise AssertionError("nothing was to start")
+
+        runtime_slot = runtime_exit = runtime_failed = send_control
+
+    policy = WorkerPolicy(runtimes={"0.8.0": "/nonexistent/python"})
+    templates = RuntimeTemplates("org/a", policy, WorkerOptions(model_key="m"), Side(), ())
+    for message in (Discard(pid=5), Park(pid=5, most_bytes=1)):
+        templates.send("0.8.0", message)
+    assert started == []
+    templates.send("0.8.0", Fork(memory_cgroup=False, warm=False))
+    assert started == ["runtime-0.8.0-org/a"]

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
 from ..execution.channel import BadMessage, Channel, close_all, pair
-from ..execution.messages import FROM_HOST, Exit, Export, Message, Options, Prepare, State, Stop, Weights
+from ..execution.messages import FROM_HOST, Exit, Export, Fork, Message, Options, Prepare, State, Weights
 from ..execution.messages import Slot as SlotMessage
 from ..execution.policy import WorkerPolicy
 from ..execution.worker import WorkerOptions
@@ -91,11 +91,15 @@ class RuntimeTemplates:
         self._awaiting_weights: list[Template] = []
 
     def send(self, runtime: str, message: Message) -> None:
-        """Send ``message`` to ``runtime``'s template, starting it first if it is not there."""
+        """Send ``message`` to ``runtime``'s template; a `Fork` starts it first if it is not there.
+
+        Anything else for a template that is gone is dropped: the job processes
+        it names ended with it.
+        """
         with self._lock:
             template = self._templates.get(runtime)
             if template is None:
-                if isinstance(message, Stop):
+                if not isinstance(message, Fork):
                     return
                 template = Template(runtime, self._replica.generation)
                 self._templates[runtime] = template
