@@ -27,8 +27,13 @@ import torch
 import kind_programs
 kind, program, out = sys.argv[1:4]
 extra = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+local = extra.pop("local", None)
 model = kind_programs.open_model(kind, kind_programs.KINDS[kind][0], **extra)
-torch.save(getattr(kind_programs, program)(model, True), out)
+saved = getattr(kind_programs, program)(model, True)
+if local is not None:  # the same program on the same weights, with this client's own nnsight
+    here = kind_programs.open_model(kind, local, dispatch=True)
+    saved = {"remote": saved, "local": getattr(kind_programs, program)(here, False)}
+torch.save(saved, out)
 """
 
 
@@ -49,16 +54,20 @@ def client_env(server_url: str, api_key: str, hf_home: Path) -> dict:
     return env
 
 
-def run_client(server, api_key: str, kind: str, program: str, work: Path, extra: str = "{}"):
+def run_client(server, api_key: str, kind: str, program: str, work: Path, extra: str = "{}",
+               python: str = sys.executable):
     """Run ``kind_programs.<program>`` remotely from a fresh client; what it saved.
 
-    ``extra`` is JSON of keyword arguments for `kind_programs.open_model`.
+    ``extra`` is JSON of keyword arguments for `kind_programs.open_model`; its
+    ``local`` (a snapshot folder) runs the program there too, in the client,
+    and both come back (``{"remote": ..., "local": ...}``). ``python``: the
+    client's interpreter (another nnsight version's, `make clients`).
     A client that fails raises with its output (the server's refusal or error).
     """
     work.mkdir(parents=True, exist_ok=True)
     out = work / f"{kind}-{program}.pt"
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_CLIENT), kind, program, str(out), extra],
+        [python, "-c", textwrap.dedent(_CLIENT), kind, program, str(out), extra],
         env=client_env(server.url, api_key, work / "client-hf"),
         capture_output=True,
         text=True,

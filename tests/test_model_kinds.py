@@ -147,6 +147,34 @@ def test_diffusion_sends_back_pil_images(kinds_server, kinds_home, tmp_path):
     assert result["kind"] == "Image" and result["pixels"][0].shape == (16, 16, 3)
 
 
+# -- a client of another nnsight version, served by its runtime -------------------------
+
+# Not `encoder_attention`: its client opens the model with ``attn_implementation="eager"``,
+# which a 0.8.0 client does not send (0.8.1 does), so a 0.8.0 job runs the deployment's
+# own implementation, as a 0.8.0 server would (docs/runtimes.md).
+RUNTIME_CASES = [
+    ("fill-mask", programs.encoder_patch), ("classifier", programs.classifier_output),
+    ("token-classifier", programs.tagger_output), ("vision-language", programs.vision_language_patch),
+    ("diffusion", programs.diffusion_steer),
+]
+
+
+@pytest.mark.parametrize("kind,program", RUNTIME_CASES, ids=[kind for kind, _ in RUNTIME_CASES])
+def test_every_kind_is_served_to_a_client_of_another_version_by_its_runtime(
+        kinds_server, kinds_home, tmp_path, kind, program):
+    """The runtime's template builds each kind's tree with its own nnsight (`replicas.runtimes`);
+    the client's remote run equals its own local run."""
+    import json
+
+    from test_client_versions import client_python
+    from test_runtimes import runtime_versions
+
+    version = runtime_versions()[0]
+    both_runs = run_client(kinds_server, API_KEY, kind, program.__name__, tmp_path,
+                           json.dumps({"local": str(kinds_home[kind])}), python=str(client_python(version)))
+    assert_identical(both_runs["remote"], both_runs["local"])
+
+
 def test_a_pipeline_is_sized_as_all_its_components(kinds_server, kinds_home):
     from nnhost.models.sizing import tensor_bytes
 
