@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -55,19 +56,20 @@ def client_env(server_url: str, api_key: str, hf_home: Path) -> dict:
 
 
 def run_client(server, api_key: str, kind: str, program: str, work: Path, extra: str = "{}",
-               python: str = sys.executable):
+               python: Optional[str] = None):
     """Run ``kind_programs.<program>`` remotely from a fresh client; what it saved.
 
     ``extra`` is JSON of keyword arguments for `kind_programs.open_model`; its
     ``local`` (a snapshot folder) runs the program there too, in the client,
     and both come back (``{"remote": ..., "local": ...}``). ``python``: the
-    client's interpreter (another nnsight version's, `make clients`).
+    client's interpreter (another nnsight version's, `make clients`); this
+    one by default.
     A client that fails raises with its output (the server's refusal or error).
     """
     work.mkdir(parents=True, exist_ok=True)
     out = work / f"{kind}-{program}.pt"
     done = subprocess.run(
-        [python, "-c", textwrap.dedent(_CLIENT), kind, program, str(out), extra],
+        [python or sys.executable, "-c", textwrap.dedent(_CLIENT), kind, program, str(out), extra],
         env=client_env(server.url, api_key, work / "client-hf"),
         capture_output=True,
         text=True,
