@@ -51,6 +51,12 @@ def serving_version(sent: str, served: Sequence[str]) -> Optional[str]:
     return next((name for name in served if Version(name).release == release), None)
 
 
+def runtime_for(sent: str, served: Sequence[str]) -> str:
+    """The runtime that serves a client sending ``sent`` (`serving_version`); empty: the server's own."""
+    matched = serving_version(sent, served)
+    return "" if matched is None or matched == own_version() else matched
+
+
 def refusal(sent: str, served: Sequence[str]) -> str:
     """What a client of an unserved version is told."""
     newest = max(served, key=Version)

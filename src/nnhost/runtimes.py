@@ -82,7 +82,8 @@ def build(version: str, *, quiet: bool = True) -> Path:
     command = [sys.executable, "-m", "pip", "--python", str(python), "install", f"nnsight=={version}"]
     if quiet:
         command.append("--quiet")
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True,
+                          env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     if done.returncode != 0:
         raise RuntimeError(f"pip could not install nnsight=={version} into {target}:\n{done.stderr[-3000:]}")
     check = subprocess.run(
@@ -116,5 +117,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
     sys.exit(main())

@@ -18,7 +18,7 @@ from starlette.types import Message
 from ..auth.access import Throttled
 from ..auth.keys import KeyCheck, KeyProblem, Principal
 from ..auth.limits import Limits, retry_after
-from ..client_versions import own_version, refusal, serving_version
+from ..client_versions import refusal, runtime_for, serving_version
 from ..storage.blocking import run_blocking
 from .server import Server
 
@@ -169,9 +169,7 @@ def client_version(request: Request) -> str:
     Called after `check_client_version` let the request through, so a version
     sent is one served (or one that cannot be read, which the server's own serves).
     """
-    served = server_of(request).settings.client_versions
-    matched = serving_version(request.headers.get("nnsight-version", "").strip(), served)
-    return "" if matched is None or matched == own_version() else matched
+    return runtime_for(request.headers.get("nnsight-version", "").strip(), server_of(request).settings.client_versions)
 
 
 def check_client_version(request: Request) -> None:

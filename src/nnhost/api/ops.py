@@ -17,7 +17,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import PlainTextResponse, Response
 
 from ..auth.access import Throttled
-from ..client_versions import own_version, serving_version
+from ..client_versions import runtime_for
 from ..runtimes import site_packages
 from ..storage.blocking import run_blocking
 from ..telemetry.metrics import CONTENT_TYPE_LATEST
@@ -79,10 +79,8 @@ async def status(request: Request) -> dict[str, Any]:
 async def env(request: Request) -> dict[str, Any]:
     """The environment jobs run in: the runtime of the version an ``nnsight-version`` header
     names, the server's own otherwise (the 0.8 clients' ``compare()`` sends none)."""
-    served = server_of(request).settings.client_versions
     sent = request.headers.get("nnsight-version", "").strip()
-    matched = serving_version(sent, served) if sent else None
-    runtime = matched if matched is not None and matched != own_version() else ""
+    runtime = runtime_for(sent, server_of(request).settings.client_versions) if sent else ""
     return {"python_version": sys.version, "packages": installed_packages(runtime)}
 
 

@@ -33,7 +33,9 @@ from typing import Optional, Protocol
 from ..execution.channel import BadMessage, Channel, close_all, pair
 from ..execution.messages import FROM_HOST, Exit, Export, Fork, Message, Options, Prepare, State, Weights
 from ..execution.messages import Slot as SlotMessage
+from ..execution.parked import private_bytes
 from ..execution.policy import WorkerPolicy
+from ..execution.process_state import child_processes
 from ..execution.worker import WorkerOptions
 from .spare_hosts import clean_environment
 
@@ -251,31 +253,16 @@ def _tree(pid: int) -> list[int]:
     while frontier:
         one = frontier.pop()
         found.append(one)
-        try:
-            tasks = os.listdir(f"/proc/{one}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                with open(f"/proc/{one}/task/{task}/children") as file:
-                    frontier += [int(child) for child in file.read().split()]
-            except (OSError, ValueError):
-                pass
+        frontier += child_processes(one)
     return found
 
 
 def _private_bytes(pid: int) -> int:
-    """What ending ``pid`` would free: its private pages (mapped weights are shared, not counted)."""
+    """What ending ``pid`` would free (`parked.private_bytes`); 0 for one that is gone."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as file:
-            lines = file.read().splitlines()
+        return private_bytes(pid)
     except OSError:
         return 0
-    total = 0
-    for line in lines:
-        if line.startswith(("Private_Clean:", "Private_Dirty:")):
-            total += int(line.split()[1]) * 1024
-    return total
 
 
 def _hang_up(channel: Channel) -> None:
