@@ -269,9 +269,8 @@ def create_app(settings: Settings, catalog: Catalog) -> FastAPI:
     if role == "controller":
         return app  # no requests, pages or results: those are the API processes'
     app.include_router(protocol.router)
-    # Clients before 0.8 open a Socket.IO session before their request: served
-    # so that they reach the request and read the server's answer to it.
-    app.add_middleware(SocketIOFront)
+    # Clients before 0.8 wait for their jobs' updates on a Socket.IO session.
+    app.add_middleware(SocketIOFront, state=app.state)
     app.include_router(admin.router)
     app.include_router(status_page.router)
     app.include_router(admin_page.router)

@@ -65,3 +65,11 @@ def refusal(sent: str, served: Sequence[str]) -> str:
         f"This server serves nnsight {listed} clients, each with that version's own code; your "
         f"client runs nnsight {sent}. Install a version it serves: `pip install nnsight=={newest}`."
     )
+
+
+def socketio_era(version_name: str) -> bool:
+    """Whether a client of ``version_name`` speaks the protocol before 0.8 (Socket.IO, a raw body)."""
+    try:
+        return Version(version_name).release < (0, 8)
+    except InvalidVersion:
+        return False

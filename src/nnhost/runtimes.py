@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 #: The nnsight versions nnhost can serve beside the server's own, each in its runtime.
-RUNTIME_VERSIONS = ("0.8.0",)
+RUNTIME_VERSIONS = ("0.8.0", "0.7.0", "0.6.3")
 MARKER = ".installed"
 
 

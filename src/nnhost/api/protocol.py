@@ -16,14 +16,16 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import FormData, UploadFile
 
+from ..client_versions import socketio_era
 from ..front.jobs import SessionNotOwned, Submission, UnknownModel
 from ..jobs.bus import Frame
+from ..jobs.job import Job
 from ..jobs.update import JobUpdate
 from ..models.catalog import InvalidModelKey
 from ..storage.blocking import run_blocking
 from ..storage.results import ResultMissing
 from ..wire import RequestEnvelope
-from . import replies
+from . import legacy, replies
 from .deps import (
     API_KEY_HEADER,
     BodyTooLarge,
@@ -73,6 +75,13 @@ async def _read_form(request: Request, limit: int) -> FormData:
         raise HTTPException(400, f"The request body is not a valid multipart form: {error}") from None
 
 
+async def _read_body(request: Request, limit: int) -> bytes:
+    try:
+        return await bounded(request, limit).body()
+    except BodyTooLarge as error:
+        raise _too_large(error.size, limit, error.known) from None
+
+
 def _json(model: BaseModel) -> Response:
     """A model as the JSON body, serialized once (not dumped, parsed and dumped again)."""
     return Response(model.model_dump_json(), media_type="application/json")
@@ -99,16 +108,21 @@ async def submit_request(request: Request) -> Response:
     server = server_of(request)
     check_client_version(request)
     principal, limits = await require_admitted(request)
-    form = await _read_form(request, limits.request_bytes)
-    submission = _parse_envelope(form.get("data"))
-    submission.client_python = client_python(request)
-    submission.client_version = client_version(request)
-    upload = form.get("blob")
-    if not isinstance(upload, UploadFile):
-        raise HTTPException(422, "The form file 'blob' is missing: it must hold the serialized trace.")
-    blob = await upload.read()
+    version = client_version(request)
+    if socketio_era(version):
+        submission = legacy.submission(request.headers)
+        blob = await _read_body(request, limits.request_bytes)
+    else:
+        form = await _read_form(request, limits.request_bytes)
+        submission = _parse_envelope(form.get("data"))
+        upload = form.get("blob")
+        if not isinstance(upload, UploadFile):
+            raise HTTPException(422, "The form file 'blob' is missing: it must hold the serialized trace.")
+        blob = await upload.read()
     if not blob:
-        raise HTTPException(422, "The form file 'blob' is empty.")
+        raise HTTPException(422, "The request carries no serialized trace.")
+    submission.client_python = client_python(request)
+    submission.client_version = version
     try:
         job = await server.jobs.submit(principal, submission, blob, _base_url(request))
     except InvalidModelKey as error:
@@ -117,8 +131,14 @@ async def submit_request(request: Request) -> Response:
         raise HTTPException(404, str(error)) from None
     except SessionNotOwned as error:
         raise HTTPException(403, str(error)) from None
-    response = replies.job_response(server, job, _base_url(request))
-    return _json(response)
+    return _json(_job_response(server, job, _base_url(request)))
+
+
+def _job_response(server: Server, job: Job, base_url: str) -> BaseModel:
+    """The job as its client parses it (a client before 0.8 knows fewer statuses)."""
+    if socketio_era(job.client_version):
+        return legacy.job_response(server, job, base_url)
+    return replies.job_response(server, job, base_url)
 
 
 @router.get("/response/{job_id}")
@@ -128,8 +148,7 @@ async def job_response(job_id: str, request: Request) -> Response:
     job = await server.jobs.get(job_id)
     if job is None or job.user_id != principal.user_id:
         raise HTTPException(404, f"No job {job_id} for this API key.")
-    response = replies.job_response(server, job, _base_url(request))
-    return _json(response)
+    return _json(_job_response(server, job, _base_url(request)))
 
 
 @router.get("/result/{job_id}")

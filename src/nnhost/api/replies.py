@@ -48,10 +48,15 @@ def job_response(server: Server, job: Job, base_url: str) -> Response:
                      job.result_expires_at, base_url)
 
 
+def update_response(server: Server, update: JobUpdate, inline: bool = True) -> Response:
+    """The Response for a published update (with its inline result, if it has one and ``inline``)."""
+    status = Status(update.status)
+    data = update.inline if inline and status is Status.COMPLETED else None
+    return _response(server, update.job_id, status, update.description, update.meta,
+                     update.result_expires_at, update.base_url, data)
+
+
 def update_frame(server: Server, update: JobUpdate) -> str | bytes:
     """The websocket frame for a published update: JSON text, or bytes with an inline result."""
-    status = Status(update.status)
-    inline = update.inline if status is Status.COMPLETED else None
-    response = _response(server, update.job_id, status, update.description, update.meta,
-                         update.result_expires_at, update.base_url, inline)
-    return response.pickle() if inline is not None else response.model_dump_json()
+    response = update_response(server, update)
+    return response.pickle() if isinstance(response.data, bytes) else response.model_dump_json()

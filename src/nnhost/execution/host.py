@@ -256,8 +256,11 @@ def _preload(policy: WorkerPolicy) -> None:
     """Import what loading and serving a model imports (the slow part of a cold start)."""
     import torch  # noqa: F401
     import transformers.pipelines  # noqa: F401  (nnsight builds a pipeline: 1.6 s of imports here)
-    from nnsight.modeling.mixins.remotable import Remotable  # type: ignore[import-untyped]  # noqa: F401
     from transformers import AutoConfig, AutoModel, AutoTokenizer  # noqa: F401
+
+    from .nnsight_api import current
+
+    current().preload()
 
     for name in policy.allowed_imports if policy.containment else ():
         try:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 from .capture import capture_stdout
 from .events import JobEvent, JobSpec
 from .memory_meter import MemoryMeter
+from .nnsight_api import current
 from .process_state import fresh_random_state
 from .result_writing import serialize_result, write_all, write_atomically
 from .sandbox import SandboxViolation
@@ -95,11 +96,8 @@ def forget_sources() -> Iterator[None]:
     """
     import linecache
 
-    from nnsight.tracing.globals import BLOCKS, SOURCES  # type: ignore[import-untyped]
-
     def clear() -> None:
-        SOURCES.clear()
-        BLOCKS.clear()
+        current().forget()
         linecache.clearcache()
 
     clear()
@@ -132,7 +130,7 @@ class Runner:
         self.persistent_objects = model._remoteable_persistent_objects()
         # What every request starts from; a request's env is undone afterwards
         # so it can never leak into the next user's run.
-        self.default_env = model._remoteable_get_env()
+        self.default_env = current().get_env(model)
         if unpickler is not None:
             from .fresh_memory import prepare
 
@@ -298,8 +296,6 @@ class Runner:
             raise UserError(f"The server could not hand your request its PEFT adapter: {error}") from None
 
     def _deserialize(self, spec: JobSpec, tree_changed: bool = False) -> Any:
-        from nnsight.schema.request import RequestModel  # type: ignore[import-untyped]
-
         if spec.payload_fd >= 0:
             with os.fdopen(os.dup(spec.payload_fd), "rb") as file:
                 blob = file.read()
@@ -309,11 +305,10 @@ class Runner:
         unpickler = self.unpickler
         if unpickler is not None and spec.client_python:
             unpickler = unpickler.for_client(spec.client_python)
-        kwargs = {} if unpickler is None else {"unpickler": unpickler}
         # An adapter rebuilt the envoy tree: its modules are persistent objects too.
         objects = self.model._remoteable_persistent_objects() if tree_changed else self.persistent_objects
         try:
-            return RequestModel.deserialize(blob, objects, spec.compress, **kwargs)
+            return current().deserialize(blob, objects, spec.compress, unpickler)
         except SandboxViolation as error:
             raise UserError(str(error)) from error
         except RecursionError as error:
@@ -351,7 +346,7 @@ class Runner:
         # over (the same files the Hub id names in the server's cache).
         applied = {**(env or {}), "peft": adapter} if adapter is not None else (env or {})
         try:
-            self.model._remoteable_set_env(applied)
+            current().set_env(self.model, applied)
         except Exception as error:
             raise UserError(f"Could not apply the request's model settings {env!r}: {error}") from None
 
@@ -359,7 +354,7 @@ class Runner:
         # Not caught: the default env was accepted at load time, so failing now
         # means a model we cannot vouch for; the worker dies and is restarted
         # rather than serve the next user from it.
-        self.model._remoteable_set_env(self.default_env)
+        current().set_env(self.model, self.default_env)
 
     def _memory(self) -> Any:
         """Blank allocations and refused weight writes, for contained jobs (`fresh_memory`)."""
@@ -370,24 +365,12 @@ class Runner:
         protected = self.guard.protected_storages() if self.guard is not None else frozenset()
         return job_memory(protected, self.sole_job)
 
-    def _execute(self, tracer: Any, spec: JobSpec, emit: Emit) -> dict[str, Any]:
-        from nnsight.tracing.tracer import _saves, dec, inc  # type: ignore[import-untyped]
-
+    def _execute(self, request: Any, spec: JobSpec, emit: Emit) -> dict[str, Any]:
         def log(line: str) -> None:
             emit(JobEvent(spec.job_id, "LOG", line))
 
         with capture_stdout(log, spec.max_log_lines), time_limit(spec.time_limit), self._memory():
-            inc()
-            try:
-                tracer.execute(tracer.info.code)
-                saved_ids = _saves()
-                return {
-                    name: value
-                    for name, value in tracer.info.frame.f_locals.items()
-                    if id(value) in saved_ids
-                }
-            finally:
-                dec()
+            return current().execute(request)
 
 
 def _deserialize_hint(error: BaseException) -> str:

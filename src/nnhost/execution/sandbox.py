@@ -53,6 +53,7 @@ from .sandbox_rules import (
     DENIED_NAMES,
     LAZY_SUBMODULES,
     PROTOCOL_MODULES,
+    PROTOCOL_NAMES,
     REMOVED_BUILTINS,
     SAFE_DUNDERS,
 )
@@ -157,7 +158,7 @@ class _Checker(ast.NodeVisitor):
         name = node.id
         if name in DENIED_NAMES:
             self.refuse(node, f"{name!r} is not available on this server")
-        elif name.startswith("__") and name.endswith("__") and name != "__name__":
+        elif name.startswith("__") and name.endswith("__") and name != "__name__" and name not in PROTOCOL_NAMES:
             self.refuse(node, f"the name {name!r} is not available on this server")
         self.generic_visit(node)
 

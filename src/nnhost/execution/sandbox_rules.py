@@ -85,6 +85,13 @@ REMOVED_BUILTINS = frozenset(
 #: Names a block may not mention at all.
 DENIED_NAMES = REMOVED_BUILTINS | {"__import__", "__builtins__"}
 
+#: Dunder names a block may mention: the parameters nnsight 0.6 and 0.7 give the
+#: functions they compile a block into (its tracer or mediator, their info, an
+#: iteration without a name), read as locals.
+PROTOCOL_NAMES = frozenset({
+    "__nnsight_tracer__", "__nnsight_mediator__", "__nnsight_tracing_info__", "__nnsight_iteration__",
+})
+
 #: Methods a user's class may not define.
 DENIED_METHODS = frozenset({"__del__", "__init_subclass__", "__set_name__", "__class_getitem__"})
 

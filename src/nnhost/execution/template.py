@@ -109,9 +109,9 @@ def main() -> None:
 
 def build_tree(options: WorkerOptions) -> Any:
     """The model as nnsight builds it, on the meta device: the tree jobs bind weights into."""
-    from nnsight.modeling.mixins.remotable import Remotable  # type: ignore[import-untyped]
+    from .nnsight_api import current
 
-    model = Remotable.from_model_key(options.model_key, dispatch=False, **options.load_kwargs)
+    model = current().from_model_key(options.model_key, dispatch=False, **options.load_kwargs)
     for parameter in model._module.parameters():
         parameter.requires_grad_(False)
     model._module.eval()

@@ -43,6 +43,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, TypeVar, cast
 
 from .library_hardening import untrusted
+from .nnsight_api import Current, current
 from .python_versions import cannot_express, same_release, server_python, syntax_note, translate_state
 from .sandbox import (
     SandboxPolicy,
@@ -67,6 +68,7 @@ from .unpickling_allowlist import (
     refuse,
 )
 from .unpickling_images import build_image, image_class_for, is_image, is_image_class
+from .unpickling_legacy import check_request, is_config_class, legacy_reconstructors, library_class
 from .unpickling_reconstructors import checked_reconstructors
 
 __all__ = ["RefusedPayload", "RestrictedUnpickler", "restricted_unpickler"]
@@ -125,6 +127,8 @@ class RestrictedUnpickler(_PythonUnpickler):
     client_python: str = ""
     #: What ends a refusal of shipped source this Python cannot parse (`syntax_note`).
     syntax_note: str = ""
+    #: The payload is nnsight 0.6's or 0.7's (`unpickling_legacy`), as the process's nnsight is.
+    legacy: bool = False
 
     @classmethod
     def for_client(cls, client_python: str) -> type[RestrictedUnpickler]:
@@ -213,6 +217,8 @@ class RestrictedUnpickler(_PythonUnpickler):
                 "can look up (Python 3.12's `type X = ...` aliases travel so): use a plain "
                 "assignment, `X = ...`, or define it inside the code you send"
             ))
+        if self.legacy and root == "transformers":
+            return self.protect(library_class(module, name))
         if root not in self.policy.roots:
             raise refuse(
                 qualified,
@@ -262,6 +268,8 @@ class RestrictedUnpickler(_PythonUnpickler):
 
     def _install_substitutes(self) -> None:
         substitutes = checked_reconstructors(self)
+        if self.legacy:
+            substitutes.update(legacy_reconstructors(self))
         for function in substitutes.values():
             self.allow_call(function)
         self._substitutes = substitutes
@@ -326,7 +334,7 @@ class RestrictedUnpickler(_PythonUnpickler):
             return
         if (cls.__module__ or "").split(".")[0] == "nnsight" or cls is typing.ForwardRef:
             return
-        if is_image_class(cls):
+        if is_image_class(cls) or (self.legacy and is_config_class(cls)):
             return
         if issubclass(cls, newobj_bases()):
             return
@@ -408,7 +416,8 @@ class RestrictedUnpickler(_PythonUnpickler):
         """
         from nnsight.intervention.interleaver import Mediator  # type: ignore[import-untyped]
 
-        if not isinstance(target, Mediator):
+        # 0.6 and 0.7 ship no edits' source: their functions are checked as they are made.
+        if self.legacy or not isinstance(target, Mediator):
             return
         reduced = state.get("reduced") if isinstance(state, dict) else None
         if not (isinstance(reduced, tuple) and len(reduced) == 3):
@@ -542,6 +551,8 @@ class RestrictedUnpickler(_PythonUnpickler):
 
     def _check_payload(self, result: Any) -> Any:
         """The payload's shape, the block's source, and the builtins it will run with."""
+        if self.legacy:
+            return check_request(self, result)
         from nnsight.tracing.tracer import Tracer  # type: ignore[import-untyped]
         from nnsight.tracing.util import SerializedFrame  # type: ignore[import-untyped]
 
@@ -578,6 +589,7 @@ def restricted_unpickler(policy: SandboxPolicy) -> type[RestrictedUnpickler]:
         type(
             "RestrictedUnpickler",
             (RestrictedUnpickler,),
-            {"policy": policy, "builtins_dict": guarded_builtins(policy)},
+            {"policy": policy, "builtins_dict": guarded_builtins(policy),
+             "legacy": current().generation != Current.generation},
         ),
     )

@@ -45,9 +45,9 @@ def load_model(options: WorkerOptions) -> Any:
     Parameters are frozen so that gradients are opt-in per request: a user
     enables them on an activation with ``requires_grad = True``.
     """
-    from nnsight.modeling.mixins.remotable import Remotable  # type: ignore[import-untyped]
+    from .nnsight_api import current
 
-    model = Remotable.from_model_key(options.model_key, dispatch=True, **options.load_kwargs)
+    model = current().from_model_key(options.model_key, dispatch=True, **options.load_kwargs)
     for parameter in model._module.parameters():
         parameter.requires_grad_(False)
     model._module.eval()
@@ -190,23 +190,15 @@ def warm_up(model: Any, runner: Runner) -> Optional[str]:
     """
     import os
 
-    from nnsight.schema.request import RequestModel  # type: ignore[import-untyped]
-
     from .events import JobEvent, JobSpec
+    from .nnsight_api import current
 
     global _own_request
     try:
         if _own_request is None:
             # Traced and serialized once, by the process that forks: every job
             # process inherits it and warms up on the run alone.
-            captured: dict[str, bytes] = {}
-
-            def capture(tracer: Any) -> None:
-                captured["blob"] = RequestModel.serialize(tracer, True)
-
-            with model.trace("Hello, world. The city of", backend=capture):
-                model.output.save()
-            _own_request = captured["blob"]
+            _own_request = current().own_request(model, "Hello, world. The city of")
         payload = os.memfd_create("warm-up-payload", os.MFD_CLOEXEC)
         result = os.memfd_create("warm-up-result", os.MFD_CLOEXEC)
         os.write(payload, _own_request)

@@ -27,7 +27,7 @@ from ..jobs.job import Job, Status
 from ..jobs.messages import Board, Command, MalformedMessage, Refused, Result, parse_command
 from ..jobs.observer import JobObserver, Observers
 from ..jobs.store import JobStore
-from ..models.catalog import Catalog, ModelKey
+from ..models.catalog import Catalog, ModelKey, canonical_class
 from ..storage.blocking import run_blocking
 from ..storage.payloads import JobPayloads
 
@@ -103,7 +103,7 @@ class JobFront:
             )
         if submission.session_id:
             session = await self.bus.owner(submission.session_id)
-            if session is None or session.user_id != principal.user_id:
+            if session is None or not (session.anyone or session.user_id == principal.user_id):
                 raise SessionNotOwned(
                     "The request names a websocket session that is not open for your "
                     "API key. Open /subscribe with the same key first."
@@ -144,7 +144,7 @@ class JobFront:
         """
         if not isinstance(model_key, str) or ":" not in model_key:
             return  # malformed: ModelKey.parse says how
-        model_class = model_key.split(":", 1)[0]
+        model_class = canonical_class(model_key.split(":", 1)[0])
         served = sorted({spec.model_class for spec in self.catalog}
                         | {rule.model_class for rule in self.catalog.allowed})
         if model_class in served:

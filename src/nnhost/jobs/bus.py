@@ -29,6 +29,10 @@ Frame = Union[str, bytes]
 class Session:
     id: str
     user_id: Optional[int]
+    #: A session whose client cannot name its key when it opens it (Socket.IO, nnsight
+    #: before 0.8): any request that knows its id may name it, the id being a secret
+    #: only its connection was told.
+    anyone: bool = False
     #: Updates delivered to this process for this session, in order.
     queue: "asyncio.Queue[Frame]" = field(default_factory=asyncio.Queue)
 
@@ -45,8 +49,9 @@ class EventBus(Protocol):
 
     async def stop(self) -> None: ...
 
-    async def open(self, user_id: Optional[int]) -> Session:
-        """A new session of ``user_id``'s, ready to receive once this returns."""
+    async def open(self, user_id: Optional[int], session_id: str = "", anyone: bool = False) -> Session:
+        """A new session of ``user_id``'s (named ``session_id``, or a fresh id), ready to receive
+        once this returns; ``anyone``: see `Session.anyone`."""
 
     async def close(self, session_id: str) -> None: ...
 
@@ -77,8 +82,8 @@ class LocalEventBus:
     async def stop(self) -> None:
         self._sessions.clear()
 
-    async def open(self, user_id: Optional[int]) -> Session:
-        session = Session(new_session_id(), user_id)
+    async def open(self, user_id: Optional[int], session_id: str = "", anyone: bool = False) -> Session:
+        session = Session(session_id or new_session_id(), user_id, anyone)
         self._sessions[session.id] = session
         return session
 

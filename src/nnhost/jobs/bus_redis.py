@@ -48,6 +48,7 @@ class SessionOwner(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     user_id: Optional[int]
+    anyone: bool = False
 
 
 def encode(frame: Frame) -> bytes:
@@ -117,11 +118,11 @@ class RedisEventBus:
 
     # -- sessions ----------------------------------------------------------------------
 
-    async def open(self, user_id: Optional[int]) -> Session:
-        session = Session(new_session_id(), user_id)
+    async def open(self, user_id: Optional[int], session_id: str = "", anyone: bool = False) -> Session:
+        session = Session(session_id or new_session_id(), user_id, anyone)
         self._sessions[session.id] = session
         await self._redis.set(self._owner_key(session.id),
-                              SessionOwner(user_id=user_id).model_dump_json(), ex=OWNER_TTL)
+                              SessionOwner(user_id=user_id, anyone=anyone).model_dump_json(), ex=OWNER_TTL)
         channel = self._channel(session.id)
         await self._subscribe(channel)
         await self._confirmation(channel)
@@ -146,7 +147,7 @@ class RedisEventBus:
             log.warning("the owner record of session %s is malformed; the session is refused",
                         session_id)
             return None
-        return Session(session_id, record.user_id)
+        return Session(session_id, record.user_id, record.anyone)
 
     async def listen(self, name: str) -> Session:
         listener = self._listeners[name] = Session(name, None)

@@ -18,6 +18,13 @@ from typing import Any, Iterable, Iterator, Optional
 #: The class every Hugging Face transformers model is keyed by (LanguageModel
 #: is a deprecated alias that keys itself as this class).
 TRANSFORMERS_CLASS = "nnsight.modeling.transformers.TransformersModel"
+#: How nnsight before 0.8 keys a transformers model for text generation (no task in its key).
+LANGUAGE_MODEL_CLASS = "nnsight.modeling.language.LanguageModel"
+
+
+def canonical_class(model_class: str) -> str:
+    """The class a deployment is loaded as, for the class a client's key names."""
+    return TRANSFORMERS_CLASS if model_class == LANGUAGE_MODEL_CLASS else model_class
 
 
 class InvalidModelKey(ValueError):
@@ -51,6 +58,9 @@ class ModelKey:
         task = data.get("task")
         if not isinstance(revision, str) or not (task is None or isinstance(task, str)):
             raise InvalidModelKey("model_key's 'revision' and 'task' must be strings.")
+        if model_class != canonical_class(model_class):
+            # The same deployment as 0.8's key for it: a text-generation TransformersModel.
+            model_class, task = canonical_class(model_class), task or "text-generation"
         return cls(
             model_class=model_class,
             repo_id=data["repo_id"],
