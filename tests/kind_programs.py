@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import warnings
 
+import torch
+
 MASKED = "The Eiffel Tower is in the city of [MASK]."
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 
@@ -25,9 +27,12 @@ DIFFUSION_CLASS = "nnsight.modeling.diffusion.DiffusionModel"
 
 def open_model(kind: str, source: str, **extra):
     """The nnsight wrapper for ``kind`` from ``source`` (a repo id: meta; a folder: loaded)."""
-    from nnsight import TransformersModel
     from nnsight.modeling.diffusion import DiffusionModel
 
+    try:
+        from nnsight import TransformersModel
+    except ImportError:  # nnsight before 0.8: a wrapper per kind, no task
+        return _older_model(kind, source, **extra)
     _, kwargs = KINDS[kind]
     wrapper = DiffusionModel if kind == "diffusion" else TransformersModel
     if extra.pop("wrapper", None) == "VisionLanguageModel":
@@ -37,6 +42,30 @@ def open_model(kind: str, source: str, **extra):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = wrapper(source, **kwargs, **extra)
+    if extra.get("dispatch"):
+        for parameter in model._module.parameters():
+            parameter.requires_grad_(False)
+    return model
+
+
+def _older_model(kind: str, source: str, **extra):
+    """The wrapper a client of nnsight 0.6 or 0.7 opens ``kind`` with: its auto class, not a task."""
+    import transformers
+    from nnsight import VisionLanguageModel
+    from nnsight.modeling.diffusion import DiffusionModel
+    from nnsight.modeling.transformers import TransformersModel
+
+    extra.pop("wrapper", None)
+    automodels = {"fill-mask": "AutoModelForMaskedLM", "classifier": "AutoModelForSequenceClassification",
+                  "token-classifier": "AutoModelForTokenClassification"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if kind == "diffusion":
+            model = DiffusionModel(source, **extra)
+        elif kind == "vision-language":
+            model = VisionLanguageModel(source, **extra)
+        else:
+            model = TransformersModel(source, automodel=getattr(transformers, automodels[kind]), **extra)
     if extra.get("dispatch"):
         for parameter in model._module.parameters():
             parameter.requires_grad_(False)
@@ -165,3 +194,45 @@ def diffusion_pil_images(model, remote):
         output = model.output.save()
     images = output.images
     return {"kind": type(images[0]).__name__, "pixels": [torch.tensor(numpy.asarray(image)) for image in images]}
+
+
+# -- as a client of nnsight 0.6 or 0.7 writes them --------------------------------
+# Their TransformersModel tokenizes nothing (a program passes token ids). They
+# read no module that has an ``output`` submodule (a BERT layer, its attention):
+# those mount the module's own output at ``nns_output``, which nnsight 0.7's own
+# server code cannot read back from a request (docs/runtimes.md).
+
+TOKEN_IDS = [[2, 40, 41, 42, 4, 43, 3]]
+
+
+def older_encoder_patch(model, remote):
+    """`encoder_patch`, by a 0.6/0.7 client: zero the first layer's activations at the masked position."""
+    with model.trace(torch.tensor(TOKEN_IDS), remote=remote):
+        model.bert.encoder.layer[0].intermediate.output[:, -3] = 0
+        patched = model.output.logits[:, -3].save()
+    return {"patched": patched}
+
+
+def older_classifier_output(model, remote):
+    """`classifier_output`, by a 0.6/0.7 client."""
+    with model.trace(torch.tensor(TOKEN_IDS), remote=remote):
+        pooled = model.bert.pooler.output.save()
+        logits = model.output.logits.save()
+    return {"pooled": pooled, "logits": logits}
+
+
+def older_tagger_output(model, remote):
+    """`tagger_output`, by a 0.6/0.7 client."""
+    with model.trace(torch.tensor(TOKEN_IDS), remote=remote):
+        scores = model.bert.encoder.layer[-1].attention.self.output.save()
+        logits = model.output.logits.save()
+    return {"scores": scores, "logits": logits}
+
+
+def older_vision_language_patch(model, remote):
+    """`vision_language_patch`, by a 0.6/0.7 client (the prompt is its first argument)."""
+    with model.trace(CAPTION, images=[picture()], remote=remote):
+        model.model.vision_tower.encoder.layers[-1].output[:] = 0
+        model.model.language_model.layers[0].output[:, -1] += 1.0
+        logits = model.lm_head.output[:, -1].save()
+    return {"logits": logits}

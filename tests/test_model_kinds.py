@@ -15,6 +15,8 @@ from compare import assert_identical
 from conftest import API_KEY
 from kinds import run_client
 
+from nnhost.client_versions import socketio_era
+from nnhost.runtimes import RUNTIME_VERSIONS
 from nnhost.testing import ServerProcess
 
 
@@ -159,9 +161,18 @@ RUNTIME_CASES = [
 ]
 
 
+#: The same cases as a client of nnsight 0.6 or 0.7 writes them (`kind_programs`).
+OLDER_CASES = {
+    "fill-mask": programs.older_encoder_patch, "classifier": programs.older_classifier_output,
+    "token-classifier": programs.older_tagger_output, "vision-language": programs.older_vision_language_patch,
+    "diffusion": programs.diffusion_steer,
+}
+
+
+@pytest.mark.parametrize("version", RUNTIME_VERSIONS)
 @pytest.mark.parametrize("kind,program", RUNTIME_CASES, ids=[kind for kind, _ in RUNTIME_CASES])
 def test_every_kind_is_served_to_a_client_of_another_version_by_its_runtime(
-        kinds_server, kinds_home, tmp_path, kind, program):
+        kinds_server, kinds_home, tmp_path, kind, program, version):
     """The runtime's template builds each kind's tree with its own nnsight (`replicas.runtimes`);
     the client's remote run equals its own local run."""
     import json
@@ -169,7 +180,9 @@ def test_every_kind_is_served_to_a_client_of_another_version_by_its_runtime(
     from test_client_versions import client_python
     from test_runtimes import runtime_versions
 
-    version = runtime_versions()[0]
+    assert version in runtime_versions()
+    if socketio_era(version):
+        program = OLDER_CASES[kind]
     both_runs = run_client(kinds_server, API_KEY, kind, program.__name__, tmp_path,
                            json.dumps({"local": str(kinds_home[kind])}), python=str(client_python(version)))
     assert_identical(both_runs["remote"], both_runs["local"])

@@ -32,7 +32,12 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 #: The nnsight versions nnhost can serve beside the server's own, each in its runtime.
+#: (0.5 is not among them: its requests ship functions as bytecode, which the
+#: restricted unpickler refuses by design.)
 RUNTIME_VERSIONS = ("0.8.0", "0.7.0", "0.6.3")
+#: What a runtime installs beside its nnsight: nnterp (in the default allowlist)
+#: imports with the nnsight layout of 0.6 and 0.7 only (`nnsight.intervention.tracing`).
+RUNTIME_EXTRAS = {"0.7.0": ("nnterp==1.3.0",), "0.6.3": ("nnterp==1.3.0",)}
 MARKER = ".installed"
 
 
@@ -57,7 +62,21 @@ def site_packages(version: str) -> Path:
 
 def installed() -> tuple[str, ...]:
     """The runtime versions built and checked here."""
-    return tuple(version for version in RUNTIME_VERSIONS if (root(version) / MARKER).is_file())
+    return tuple(version for version in RUNTIME_VERSIONS if _marked(version))
+
+
+def requirements(version: str) -> tuple[str, ...]:
+    """What ``version``'s runtime installs: that nnsight, and its extras."""
+    return (f"nnsight=={version}", *RUNTIME_EXTRAS.get(version, ()))
+
+
+def _marked(version: str) -> bool:
+    # The marker names what was installed: a runtime built before its
+    # requirements changed is built again by the next `nnhost runtimes`.
+    try:
+        return (root(version) / MARKER).read_text().split() == list(requirements(version))
+    except OSError:
+        return False
 
 
 def build(version: str, *, quiet: bool = True) -> Path:
@@ -79,21 +98,24 @@ def build(version: str, *, quiet: bool = True) -> Path:
 
     shared = [sysconfig.get_paths()["purelib"], str(Path(nnhost.__file__).resolve().parent.parent)]
     (site_packages(version) / "nnhost-runtime.pth").write_text("".join(f"{path}\n" for path in dict.fromkeys(shared)))
-    command = [sys.executable, "-m", "pip", "--python", str(python), "install", f"nnsight=={version}"]
+    wanted = requirements(version)
+    extras = wanted[1:]
+    command = [sys.executable, "-m", "pip", "--python", str(python), "install", *wanted]
     if quiet:
         command.append("--quiet")
     done = subprocess.run(command, capture_output=True, text=True,
                           env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     if done.returncode != 0:
-        raise RuntimeError(f"pip could not install nnsight=={version} into {target}:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"pip could not install {' '.join(wanted)} into {target}:\n{done.stderr[-3000:]}")
     check = subprocess.run(
-        [str(python), "-c", "import nnsight, nnhost.execution.template; print(nnsight.__version__)"],
+        [str(python), "-c", "import nnsight, nnhost.execution.template; print(nnsight.__version__)"
+         + "".join(f"; import {extra.split('==')[0]}" for extra in extras)],
         capture_output=True, text=True,
     )
     if check.returncode != 0 or check.stdout.strip() != version:
         raise RuntimeError(f"the runtime in {target} does not import nnsight {version}:\n"
                            f"{(check.stderr or check.stdout)[-3000:]}")
-    (target / MARKER).write_text(version + "\n")
+    (target / MARKER).write_text(" ".join(requirements(version)) + "\n")
     return target
 
 

@@ -8,7 +8,9 @@ judges them. One JSON line per program goes to stdout: its name and either
 ``"ok"`` or what differed (or the exception either run raised), and the
 client's nnsight version. ``python run_parity.py URL MODEL_ID SNAPSHOT
 [PROGRAM ...]``: the remote model by its id, the local one from the
-snapshot folder the server loads too.
+snapshot folder the server loads too. A program the client's own
+serializer cannot send (0.6 and 0.7 ship no class of the user's script)
+reports ``"unsendable: ..."``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import pickle
 import sys
 import traceback
 import warnings
@@ -49,6 +52,9 @@ def main() -> None:
             local = program(local_model, False)
             assert_identical(remote, local)
             outcome = "ok"
+        except pickle.PicklingError as error:
+            # The client's own serializer refused the program: no server ever sees it.
+            outcome = "unsendable: " + "".join(traceback.format_exception_only(type(error), error))[-3000:]
         except BaseException as error:  # noqa: BLE001 - every failure is the report
             outcome = "".join(traceback.format_exception_only(type(error), error))[-3000:]
             outcome += "\n" + printed.getvalue()[-2000:]

@@ -30,8 +30,11 @@ from typing import Any, Callable, Optional
 
 #: The class 0.8 keys every transformers model by.
 TRANSFORMERS_CLASS = "nnsight.modeling.transformers.TransformersModel"
-#: What 0.6 and 0.7 key and rebuild a text-generation model as.
-LEGACY_LANGUAGE_CLASS = "nnsight.modeling.language.LanguageModel"
+#: The wrappers 0.6 and 0.7 key and rebuild a transformers model of these tasks as.
+LEGACY_WRAPPERS = {
+    "text-generation": "nnsight.modeling.language.LanguageModel",
+    "image-text-to-text": "nnsight.modeling.vlm.VisionLanguageModel",
+}
 
 
 class NnsightApi:
@@ -137,7 +140,11 @@ class Legacy(NnsightApi):
     def from_model_key(self, model_key: str, **kwargs: Any) -> Any:
         from nnsight.modeling.mixins.remoteable import RemoteableMixin  # type: ignore[import-untyped]
 
-        return RemoteableMixin.from_model_key(legacy_model_key(model_key), **kwargs)
+        key, extra = legacy_model_key(model_key)
+        model = RemoteableMixin.from_model_key(key, **extra, **kwargs)
+        if not kwargs.get("dispatch"):
+            load_light_components(model)
+        return model
 
     def own_request(self, model: Any, prompt: str) -> bytes:
         from nnsight.intervention.backends.base import Backend  # type: ignore[import-untyped]
@@ -187,21 +194,61 @@ class Legacy(NnsightApi):
         Globals.cache.clear()
 
 
-def legacy_model_key(model_key: str) -> str:
-    """The deployment's key as 0.6 and 0.7 build it: a text-generation model is a ``LanguageModel``.
+def load_light_components(model: Any) -> None:
+    """Give a meta-built 0.6/0.7 diffusion pipeline the parts it would load on dispatch.
 
-    Their clients pickle a ``LanguageModel`` whose tokenizer the server's
-    model must hold under the same persistent id, and their
-    ``TransformersModel`` takes no task.
+    Their meta build leaves each pipeline component that is not a module (the
+    scheduler, a feature extractor) as None, for `dispatch` to load with the
+    weights; a template never dispatches (its jobs bind the host's weights),
+    so these small parts, which hold no weights, are loaded here from the
+    model's own files.
+    """
+    import importlib
+
+    import torch
+
+    pipeline = getattr(getattr(model, "_model", None), "pipeline", None)
+    config = getattr(model, "config", None)
+    if pipeline is None or not isinstance(config, dict):
+        return
+    for name, entry in config.items():
+        if name.startswith("_") or not isinstance(entry, list) or len(entry) != 2:
+            continue
+        if getattr(pipeline, name, None) is not None or None in entry:
+            continue
+        library, class_name = entry
+        component: Any = getattr(importlib.import_module(library), class_name, None)
+        if not isinstance(component, type) or issubclass(component, torch.nn.Module):
+            continue
+        loader: Any = component
+        loaded = loader.from_pretrained(model.repo_id, subfolder=name, revision=model.revision)
+        pipeline.register_modules(**{name: loaded})
+
+
+def legacy_model_key(model_key: str) -> tuple[str, dict[str, Any]]:
+    """The deployment's key as 0.6 and 0.7 build it, and what their wrapper takes beside it.
+
+    Their clients pickle their own wrapper, whose persistent objects (the
+    tokenizer, the processor) the server's model must hold under the same
+    ids: a text-generation model is their ``LanguageModel``, an
+    image-text-to-text one their ``VisionLanguageModel``. Their
+    ``TransformersModel`` takes no task, but the auto class the task loads
+    with (``automodel``).
     """
     model_class, raw = model_key.split(":", 1)
     if model_class != TRANSFORMERS_CLASS:
-        return model_key
+        return model_key, {}
     data = json.loads(raw)
-    task = data.pop("task", None)
-    if task not in (None, "text-generation"):
-        raise ValueError(f"nnsight 0.6 and 0.7 serve no {task} models of transformers")
-    return f"{LEGACY_LANGUAGE_CLASS}:{json.dumps(data)}"
+    task = data.pop("task", None) or "text-generation"
+    wrapper = LEGACY_WRAPPERS.get(task)
+    if wrapper is not None:
+        return f"{wrapper}:{json.dumps(data)}", {}
+    from transformers.pipelines import SUPPORTED_TASKS
+
+    entry: Any = SUPPORTED_TASKS.get(task)
+    if entry is None:
+        raise ValueError(f"nnsight 0.6 and 0.7 have no wrapper for {task} models")
+    return f"{TRANSFORMERS_CLASS}:{json.dumps(data)}", {"automodel": entry["pt"][0]}
 
 
 @functools.lru_cache(maxsize=1)

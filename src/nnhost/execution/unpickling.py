@@ -217,7 +217,7 @@ class RestrictedUnpickler(_PythonUnpickler):
                 "can look up (Python 3.12's `type X = ...` aliases travel so): use a plain "
                 "assignment, `X = ...`, or define it inside the code you send"
             ))
-        if self.legacy and root == "transformers":
+        if self.legacy and root in ("transformers", "diffusers"):
             return self.protect(library_class(module, name))
         if root not in self.policy.roots:
             raise refuse(

@@ -20,11 +20,13 @@ from __future__ import annotations
 import __future__
 
 import ast
+import importlib
 import linecache
 import sys
 import textwrap
 import types
-from typing import TYPE_CHECKING, Any, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .sandbox import SandboxViolation, attribute_problem, check_source, install_builtins
 from .unpickling_allowlist import refuse
@@ -43,6 +45,10 @@ def legacy_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Call
     from nnsight.intervention import serialization  # type: ignore[import-untyped]
 
     policy, user_builtins = me.policy, me.builtins_dict
+    #: Each compiled function's closure names, in the client's order (its deferred cells name them so).
+    closure_names_of: dict[int, list[str]] = {}
+    #: Functions made from nnsight's own source: their globals are the library's, never filled.
+    library_functions: dict[int, Any] = {}
 
     def make_function(
         source: Any, name: Any, filename: Any, qualname: Any, module: Any, doc: Any,
@@ -61,15 +67,22 @@ def legacy_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Call
             raise refuse("a malformed function")
         where = f"[{name}:{firstlineno}] {filename or '<serialization>'}"
         source = textwrap.dedent(source)
-        try:
-            check_source(source, where, policy, me.syntax_note)
-        except SandboxViolation as error:
-            return me.defer(str(error))
+        library = library_module(filename, source, firstlineno)
+        namespace: dict[str, Any]
+        if library is not None:
+            # nnsight's own code, sent back (a property its envoy made for a module):
+            # it runs as the library's, in the library's module.
+            namespace = vars(library)
+        else:
+            try:
+                check_source(source, where, policy, me.syntax_note)
+            except SandboxViolation as error:
+                return me.defer(str(error))
+            namespace = {
+                key: base_globals[key] for key in _ORIGIN_NAMES if isinstance(base_globals.get(key), str)
+            }
+            install_builtins(namespace, user_builtins)
         code = function_code(source, name, names, filename or "<serialization>")
-        namespace: dict[str, Any] = {
-            key: base_globals[key] for key in _ORIGIN_NAMES if isinstance(base_globals.get(key), str)
-        }
-        install_builtins(namespace, user_builtins)
         by_name = dict(zip(names, values))
         cells = tuple(types.CellType(by_name[free]) for free in code.co_freevars)
         code = code.replace(co_firstlineno=firstlineno)
@@ -87,6 +100,9 @@ def legacy_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Call
         function.__source__ = source  # type: ignore[attr-defined]
         register_source(filename, source, firstlineno)
         me.functions[id(function)] = function
+        closure_names_of[id(function)] = names
+        if library is not None:
+            library_functions[id(function)] = function
         return function
 
     def function_setstate(function: Any, state: Any) -> Any:
@@ -106,16 +122,21 @@ def legacy_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Call
         namespace = slots.get("__globals__", {})
         if not isinstance(namespace, dict) or not all(isinstance(key, str) for key in namespace):
             raise refuse("a malformed function")
-        function.__globals__.update({k: v for k, v in namespace.items() if k != "__builtins__"})
+        if id(function) not in library_functions:
+            function.__globals__.update({k: v for k, v in namespace.items() if k != "__builtins__"})
         deferred = slots.get("__deferred_closure__", {})
         if not isinstance(deferred, dict):
             raise refuse("a malformed function")
-        cells = function.__closure__ or ()
+        # The client numbers a deferred cell by its function's closure; ours,
+        # compiled here, may order (or drop unused) free variables otherwise.
+        names = closure_names_of.get(id(function), [])
+        cells = dict(zip(function.__code__.co_freevars, function.__closure__ or ()))
         for index, target in deferred.items():
             index = int(index) if isinstance(index, str) and index.isdigit() else index
-            if not isinstance(index, int) or not 0 <= index < len(cells):
-                raise refuse("a malformed function")
-            cells[index].cell_contents = target
+            if not isinstance(index, int) or not 0 <= index < len(names):
+                raise refuse("a malformed function", "a deferred closure cell it does not have")
+            if names[index] in cells:
+                cells[names[index]].cell_contents = target
         return function
 
     def make_frame(filename: Any, firstlineno: Any, name: Any) -> Any:
@@ -164,6 +185,39 @@ def function_code(source: str, name: str, closure_names: list[str], filename: st
     raise refuse(f"the function {name!r}", "its source does not define it")
 
 
+def library_module(filename: Any, source: str, firstlineno: int) -> Optional[types.ModuleType]:
+    """The module of this process's nnsight whose file holds ``source`` at its line, or None.
+
+    A 0.6 or 0.7 client ships some of nnsight's own functions by source (the
+    ones nnsight makes at run time, such as an envoy's properties). The
+    runtime runs the same nnsight version, so such a function is recognised
+    by its text: the same lines at the same place in the same file of this
+    process's nnsight. Anything else is the user's, held to the sandbox's rules.
+    """
+    if not isinstance(filename, str) or "/nnsight/" not in filename:
+        return None
+    relative = filename.rsplit("/nnsight/", 1)[1]
+    parts = relative.split("/")
+    if not relative.endswith(".py") or not all(part.isidentifier() for part in parts[:-1] + [parts[-1][:-3]]):
+        return None
+    import nnsight  # type: ignore[import-untyped]
+
+    local = Path(nnsight.__file__).parent.joinpath(*parts)
+    try:
+        lines = local.read_text().splitlines(keepends=True)
+    except OSError:
+        return None
+    wanted = source.strip()
+    if wanted.startswith("(lambda") and wanted.endswith(")") and "\n" in wanted:
+        wanted = wanted[1:-1]  # how nnsight wraps a lambda of several lines
+    held = "".join(lines[firstlineno - 1:firstlineno - 1 + len(wanted.splitlines())])
+    if not wanted or not (textwrap.dedent(held).strip() == wanted
+                          or (wanted.startswith("lambda") and wanted in held)):
+        return None
+    name = "nnsight." + ".".join(parts)[:-3].removesuffix(".__init__")
+    return importlib.import_module(name)
+
+
 def register_source(filename: Any, source: str, firstlineno: int) -> None:
     """Put the shipped source where tracebacks look for it, at its own lines.
 
@@ -185,15 +239,16 @@ def register_source(filename: Any, source: str, firstlineno: int) -> None:
 
 
 def library_class(module: str, name: str) -> Any:
-    """A transformers class a 0.6/0.7 model wrapper names, or a refusal.
+    """A transformers or diffusers class a 0.6/0.7 model wrapper names, or a refusal.
 
-    The wrapper carries its configuration (made and filled as data) and its
-    auto class (named, never called). Only modules the server has already
-    imported (the model's own) are looked in.
+    The wrapper carries its configuration (made and filled as data) and the
+    class it loads with (an auto class, a pipeline class: named, never
+    called). Only modules the server has already imported (the model's own)
+    are looked in.
     """
     qualified = f"{module}.{name}"
     loaded = sys.modules.get(module)
-    if loaded is None or not module.startswith("transformers."):
+    if loaded is None or not module.startswith(("transformers.", "diffusers.")):
         raise refuse(qualified, "of transformers, a request may name only its model's configuration")
     value: Any = loaded
     for part in name.split("."):
@@ -216,9 +271,15 @@ def is_config_class(value: Any) -> bool:
 
 
 def is_auto_class(value: Any) -> bool:
+    """A class a wrapper loads its model with: an auto class, or a diffusers pipeline."""
+    if not isinstance(value, type):
+        return False
     from transformers.models.auto.auto_factory import _BaseAutoModelClass
 
-    return isinstance(value, type) and issubclass(value, _BaseAutoModelClass)
+    if issubclass(value, _BaseAutoModelClass):
+        return True
+    pipelines = sys.modules.get("diffusers.pipelines.pipeline_utils")
+    return pipelines is not None and issubclass(value, pipelines.DiffusionPipeline)
 
 
 def check_request(me: RestrictedUnpickler, result: Any) -> Any:
@@ -227,13 +288,11 @@ def check_request(me: RestrictedUnpickler, result: Any) -> Any:
     from nnsight.intervention.tracing.base import Tracer  # type: ignore[import-untyped]
     from nnsight.schema.request import RequestModel  # type: ignore[import-untyped]
 
-    shape_error = refuse("something that is not an nnsight request")
-    if not isinstance(result, RequestModel):
-        raise shape_error
-    tracer = result.tracer
+    tracer = getattr(result, "tracer", None)
     info = getattr(tracer, "info", None)
-    if not isinstance(tracer, Tracer) or not isinstance(getattr(info, "frame", None), SerializedFrame):
-        raise shape_error
+    if not (isinstance(result, RequestModel) and isinstance(tracer, Tracer)
+            and isinstance(getattr(info, "frame", None), SerializedFrame)):
+        raise refuse("something that is not an nnsight request")
     shipped = [result.interventions] + [
         getattr(mediator, "intervention", None) for mediator in getattr(tracer, "mediators", None) or ()
     ]
@@ -244,5 +303,5 @@ def check_request(me: RestrictedUnpickler, result: Any) -> Any:
             raise refuse("a request whose code is not a function it shipped as source")
     fn = getattr(tracer, "fn", None)
     if fn is not None and not isinstance(fn, str):
-        raise shape_error
+        raise refuse("something that is not an nnsight request")
     return result

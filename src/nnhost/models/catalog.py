@@ -18,13 +18,19 @@ from typing import Any, Iterable, Iterator, Optional
 #: The class every Hugging Face transformers model is keyed by (LanguageModel
 #: is a deprecated alias that keys itself as this class).
 TRANSFORMERS_CLASS = "nnsight.modeling.transformers.TransformersModel"
-#: How nnsight before 0.8 keys a transformers model for text generation (no task in its key).
-LANGUAGE_MODEL_CLASS = "nnsight.modeling.language.LanguageModel"
+#: How nnsight before 0.8 keys a transformers model, with the task each class means
+#: (their keys name none): a ``TransformersModel`` of theirs keys itself by the
+#: class that defines its key, ``HuggingFaceModel``, of any task.
+OLDER_CLASSES: dict[str, Optional[str]] = {
+    "nnsight.modeling.language.LanguageModel": "text-generation",
+    "nnsight.modeling.vlm.VisionLanguageModel": "image-text-to-text",
+    "nnsight.modeling.huggingface.HuggingFaceModel": None,
+}
 
 
 def canonical_class(model_class: str) -> str:
     """The class a deployment is loaded as, for the class a client's key names."""
-    return TRANSFORMERS_CLASS if model_class == LANGUAGE_MODEL_CLASS else model_class
+    return TRANSFORMERS_CLASS if model_class in OLDER_CLASSES else model_class
 
 
 class InvalidModelKey(ValueError):
@@ -58,9 +64,9 @@ class ModelKey:
         task = data.get("task")
         if not isinstance(revision, str) or not (task is None or isinstance(task, str)):
             raise InvalidModelKey("model_key's 'revision' and 'task' must be strings.")
-        if model_class != canonical_class(model_class):
-            # The same deployment as 0.8's key for it: a text-generation TransformersModel.
-            model_class, task = canonical_class(model_class), task or "text-generation"
+        if model_class in OLDER_CLASSES:
+            # The same deployment as 0.8's key for it: a TransformersModel of that task.
+            model_class, task = TRANSFORMERS_CLASS, task or OLDER_CLASSES[model_class]
         return cls(
             model_class=model_class,
             repo_id=data["repo_id"],
