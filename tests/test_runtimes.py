@@ -38,7 +38,7 @@ from process_tree import descendants, processes
 from test_client_versions import client_python
 
 from nnhost.client_versions import own_version, socketio_era
-from nnhost.runtimes import RUNTIME_VERSIONS, installed
+from nnhost.runtimes import RUNTIME_EXTRAS, RUNTIME_VERSIONS, installed
 from nnhost.testing import ServerProcess
 
 HERE = Path(__file__).resolve().parent
@@ -155,6 +155,37 @@ def test_env_answers_with_the_runtime_a_client_names(runtime_server):
         assert env["packages"]["nnsight"] == version
     plain = httpx.get(f"{runtime_server.url}/env", timeout=30).json()  # what the 0.8 clients ask
     assert plain["packages"]["nnsight"] == own_version()
+
+
+NNTERP_PROGRAM = """
+import sys, warnings
+warnings.simplefilter("ignore")
+from nnsight import CONFIG, LanguageModel
+CONFIG.APP.REMOTE_LOGGING = True
+model = LanguageModel(sys.argv[1])
+with model.trace("The Eiffel Tower is in the city of", remote=True):
+    import nnterp
+    print("JOB-NNTERP", nnterp)  # names the file it was imported from
+    out = model.lm_head.output.save()
+print("SHAPE", tuple(out.shape))
+"""
+
+
+@pytest.mark.parametrize("version", [version for version in RUNTIME_VERSIONS
+                                     if any(extra.startswith("nnterp") for extra in RUNTIME_EXTRAS.get(version, ()))])
+def test_nnterp_imports_in_a_trace_where_the_runtimes_nnsight_lets_it(runtime_server, version):
+    """nnterp 1.3.0 imports with the 0.6/0.7 layout: their runtimes install it, and a trace may import it."""
+    import httpx
+
+    env = httpx.get(f"{runtime_server.url}/env", headers={"nnsight-version": version}, timeout=30).json()
+    assert env["packages"].get("nnterp") == "1.3.0"
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "uses_nnterp.py"
+        script.write_text(NNTERP_PROGRAM)
+        done = run_script(python_of(version), runtime_server, script, TEST_REPO)
+    found = re.findall(r"JOB-NNTERP <module 'nnterp' from '([^']+)'", done.stdout)
+    assert found and f"nnhost-runtimes/nnsight-{version}/" in found[-1], done.stdout[-3000:] + done.stderr[-3000:]
+    assert "SHAPE (1, 8, " in done.stdout
 
 
 def runtime_templates(server: ServerProcess, version: str) -> list[int]:
