@@ -307,7 +307,8 @@ class Template:
         self.process.wait()
         self.channel.close()
 
-    def _expect(self, wanted: str) -> State:
+    def expect(self, wanted: str) -> State:
+        """The template's next message, which must be its State ``wanted``; else RuntimeError saying why."""
         try:
             message, fds = FROM_HOST.receive(self.channel)
         except BadMessage as error:
@@ -322,9 +323,9 @@ class Template:
 
     def hand_over(self, exported: ExportedWeights) -> dict[str, Any]:
         """Wait for the template's tree, send it the handles; returns its containment report."""
-        ready = self._expect("READY")
+        ready = self.expect("READY")
         self.channel.send(Weights(tensors=exported.tensors), exported.fds)
-        self._expect("RUNNING")
+        self.expect("RUNNING")
         return dict(ready.containment or {})
 
     def relay(self, control: Channel, device: str, exported: ExportedWeights) -> None:
@@ -383,12 +384,15 @@ class Template:
                     close_all(fds)
 
 
-def start_template(environ: dict[str, str], policy: WorkerPolicy) -> Template:
-    """Start the template with this host's clean environment; it applies ``environ`` itself."""
+def start_template(environ: dict[str, str], policy: WorkerPolicy, python: str = sys.executable,
+                   env: Optional[dict[str, str]] = None) -> Template:
+    """Start a template with ``python`` (a runtime's, or this one) and ``env`` (by default this
+    host's clean environment); it applies ``environ`` itself, from the `Prepare` sent here."""
     ours, theirs = pair()
     process = subprocess.Popen(
-        [sys.executable, "-m", "nnhost.execution.template", str(theirs.fileno())],
-        pass_fds=[theirs.fileno()], env=dict(os.environ), stdin=subprocess.DEVNULL, close_fds=True,
+        [python, "-m", "nnhost.execution.template", str(theirs.fileno())],
+        pass_fds=[theirs.fileno()], env=dict(os.environ) if env is None else env,
+        stdin=subprocess.DEVNULL, close_fds=True,
     )
     theirs.close()
     channel = Channel(ours)

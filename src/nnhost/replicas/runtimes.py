@@ -30,8 +30,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
-from ..execution.channel import BadMessage, Channel, close_all, pair
-from ..execution.messages import FROM_HOST, Exit, Export, Fork, Message, Options, Prepare, State, Weights
+from ..execution.channel import BadMessage, Channel, close_all
+from ..execution.host import describe_status, start_template
+from ..execution.messages import FROM_HOST, Exit, Export, Fork, Message, State, Weights
 from ..execution.messages import Slot as SlotMessage
 from ..execution.parked import private_bytes
 from ..execution.policy import WorkerPolicy
@@ -177,28 +178,22 @@ class RuntimeTemplates:
                     log.warning("the nnsight %s template of %s: %s %s", template.runtime, self.name,
                                 message.state, message.description[-2000:])
         self._failed(template, f"The nnsight {template.runtime} runtime's template process ended "
-                               f"({_status(template.process)}).")
+                               f"({describe_status(template.process) if template.process else 'not started'}).")
 
     def _start(self, template: Template) -> None:
         python = self.policy.runtimes.get(template.runtime)
         if python is None or not os.path.exists(python):
             raise RuntimeError(f"no runtime is installed for it ({python or 'none configured'}); "
                                f"`nnhost runtimes {template.runtime}` builds it")
-        ours, theirs = pair()
         environ = dict(self.options.environ)
         policy = WorkerPolicy.from_environ(environ)  # the template gets it as a message
-        template.process = subprocess.Popen(
-            [python, "-m", "nnhost.execution.template", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()], env=clean_environment(self._host_environment),
-            stdin=subprocess.DEVNULL, close_fds=True,
-        )
-        theirs.close()
-        channel = template.channel = Channel(ours)
+        started = start_template(environ, policy, python=python, env=clean_environment(self._host_environment))
+        template.process, template.channel = started.process, started.channel
+        channel = started.channel
         if template.stopping:
             raise RuntimeError("its replica stopped")
-        channel.send(Prepare(environ=environ, policy=policy))
-        channel.send(Options(options=self.options))
-        self._expect(template, "READY")
+        started.send_options(self.options)
+        started.expect("READY")
         with self._lock:
             self._awaiting_weights.append(template)
         self._replica.send_control(Export())
@@ -209,7 +204,7 @@ class RuntimeTemplates:
             channel.send(Weights(tensors=tensors), fds)
         finally:
             close_all(fds)
-        self._expect(template, "RUNNING")
+        started.expect("RUNNING")
         with self._lock:
             template.running = not template.stopping
             pending, template.pending = template.pending, []
@@ -217,16 +212,6 @@ class RuntimeTemplates:
             channel.send(message)
         log.info("%s: the nnsight %s runtime is running (template %s)", self.name, template.runtime,
                  template.process.pid)
-
-    def _expect(self, template: Template, wanted: str) -> None:
-        assert template.channel is not None
-        message, fds = FROM_HOST.receive(template.channel)
-        close_all(fds)
-        if message is None:
-            raise RuntimeError(f"its template process ended ({_status(template.process)})")
-        if not isinstance(message, State) or message.state != wanted:
-            description = message.description if isinstance(message, State) else repr(message)
-            raise RuntimeError(description[-4000:])
 
     def _failed(self, template: Template, description: str) -> None:
         with self._lock:
@@ -272,10 +257,3 @@ def _hang_up(channel: Channel) -> None:
     except OSError:
         pass
     channel.close()
-
-
-def _status(process: Optional[subprocess.Popen[bytes]]) -> str:
-    from ..execution.job_process import describe_exit
-
-    return describe_exit(process.poll()) if process is not None else "not started"
-
