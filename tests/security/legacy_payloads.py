@@ -62,8 +62,8 @@ def helper_importing_os(x):
 helper_importing_os.__source__ = "def helper_importing_os(x):\n    import os\n    return x\n"
 
 
-def capture(name: str, hostile=None, block=None) -> None:
-    with model.trace(PROMPT, backend=Capture(name, block)):
+def capture(name: str, hostile=None, block=None, **trace) -> None:
+    with model.trace(PROMPT, backend=Capture(name, block), **trace):
         reached = hostile  # noqa: F841 - the block reaches it: it travels with the request
         logits = model.lm_head.output.save()  # noqa: F841
 
@@ -77,6 +77,7 @@ capture("fills_a_server_function",
 capture("names_a_transformers_loader", Reduced(__import__("transformers").utils.hub.cached_file, "x", "y"))
 capture("calls_a_model_loader", Reduced(__import__("transformers").AutoModelForCausalLM.from_pretrained, "/etc"))
 capture("runs_a_server_function_as_its_block", block=serialization.make_frame)
+capture("traces_a_private_method", fn=model._module._apply)  # the server calls the model's `_apply`
 
 local = LanguageModel(snapshot, dispatch=True)
 with local.trace(PROMPT):

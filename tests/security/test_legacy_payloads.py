@@ -6,9 +6,10 @@ Each hostile request here is what a real client of that version serializes
 (`legacy_payloads.py`, run with that client's own nnsight): a payload that
 calls ``os.system`` while it is read, ships source that imports ``os``,
 fills the globals of a server function, names a transformers loader or calls
-one, or hands a server function in as its block. Each ends as an ERROR that
-names what was refused, and the next request of that version is still
-served, equal to the same client's local run.
+one, hands a server function in as its block, or has the server call a
+private method of the model. Each ends as an ERROR that names what was
+refused, and the next request of that version is still served, equal to
+the same client's local run.
 
 Then the Python layer is taken as beaten (the ``unsafe_test_hooks`` prefix,
 an operator setting no request can turn on): raw Python in a job process
@@ -48,6 +49,7 @@ HOSTILE = {
     "names_a_transformers_loader": "transformers.utils.hub.cached_file",
     "calls_a_model_loader": "which this server does not accept in a request",
     "runs_a_server_function_as_its_block": "not a function it shipped as source",
+    "traces_a_private_method": "a trace of the model's method '_apply'",
 }
 PWNED = Path("/tmp/nnhost-legacy-pwned")
 

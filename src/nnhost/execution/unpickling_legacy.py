@@ -22,6 +22,7 @@ import __future__
 import ast
 import importlib
 import linecache
+import re
 import sys
 import textwrap
 import types
@@ -301,7 +302,13 @@ def check_request(me: RestrictedUnpickler, result: Any) -> Any:
             not me.policy.enabled or function.__globals__.get("__builtins__") is me.builtins_dict
         )):
             raise refuse("a request whose code is not a function it shipped as source")
+    # The name of the model's method the trace runs (``__call__``, ``__nnsight_generate__``,
+    # or a method a user traced): the server calls it by name, so it is held to the
+    # rules of an attribute a user's code names.
     fn = getattr(tracer, "fn", None)
-    if fn is not None and not isinstance(fn, str):
-        raise refuse("something that is not an nnsight request")
+    if fn is not None and not (isinstance(fn, str) and (
+        fn == "__call__" or re.fullmatch(r"__nnsight_[a-z_]+__", fn)
+        or (not fn.startswith("_") and attribute_problem(fn) is None)
+    )):
+        raise refuse(f"a trace of the model's method {fn!r}", "a trace may run the model's public methods")
     return result
