@@ -129,7 +129,7 @@ def test_bad_envelopes_are_422(server):
 
 
 def test_unserved_clients_are_told_the_versions_served(server):
-    for sent in ("0.4.3", "0.7.0", "1.0"):
+    for sent in ("0.4.3", "0.5.15", "1.0"):
         response = _post(server, headers={"nnsight-version": sent})
         assert response.status_code == 400
         detail = response.json()["detail"]

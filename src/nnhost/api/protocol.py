@@ -112,6 +112,8 @@ async def submit_request(request: Request) -> Response:
     if socketio_era(version):
         submission = legacy.submission(request.headers)
         blob = await _read_body(request, limits.request_bytes)
+        if not blob:
+            raise HTTPException(422, "The request's body is empty: it must hold the serialized trace.")
     else:
         form = await _read_form(request, limits.request_bytes)
         submission = _parse_envelope(form.get("data"))
@@ -119,8 +121,8 @@ async def submit_request(request: Request) -> Response:
         if not isinstance(upload, UploadFile):
             raise HTTPException(422, "The form file 'blob' is missing: it must hold the serialized trace.")
         blob = await upload.read()
-    if not blob:
-        raise HTTPException(422, "The request carries no serialized trace.")
+        if not blob:
+            raise HTTPException(422, "The form file 'blob' is empty.")
     submission.client_python = client_python(request)
     submission.client_version = version
     try:
