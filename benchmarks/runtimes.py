@@ -15,7 +15,9 @@ this Python) measures, side by side in the same run:
    model's weights, which the runtime maps from the host rather than copies.
 
 Every remote result is checked against the same client's local run before
-its time counts. The versions take turns, ``--rounds`` times, and each
+its time counts. A trace that fails in the client (an update the 0.6/0.7
+clients' Socket.IO library lost or could not decode, docs/runtimes.md) is
+interrupted after 30 s, counted, printed per version, and left out. The versions take turns, ``--rounds`` times, and each
 figure is the median of its rounds. Each row prints the figure beside the server's own
 version's and their ratio; the goal is every runtime within 10% of it::
 
@@ -46,7 +48,7 @@ BIG = "nnhost-bench/runtimes-wide"
 CLIENTS = HERE.parent / ".clients"
 
 CLIENT = r'''
-import json, statistics, sys, time, warnings
+import json, os, signal, statistics, sys, threading, time, warnings
 warnings.simplefilter("ignore")
 import nnsight
 from nnsight import CONFIG, LanguageModel
@@ -64,7 +66,29 @@ def trace():
     if not bool((logits - expected).abs().max() < 1e-5):
         raise SystemExit("a remote result differed from the local one")
 
-trace()
+failed = 0
+
+
+def guarded():
+    """One trace; True if it completed. A trace whose update the client lost or could not
+    decode (the 0.6/0.7 clients' Socket.IO race, docs/runtimes.md) counts as failed: one
+    that waits too long is interrupted. A result that differs still ends the run."""
+    global failed
+    timer = threading.Timer(30.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        trace()
+        return True
+    except (KeyboardInterrupt, Exception):
+        failed += 1
+        return False
+    finally:
+        timer.cancel()
+
+
+for _ in range(3):
+    if guarded():
+        break
 print(json.dumps({"ready": nnsight.__version__}), flush=True)
 for line in sys.stdin:  # "latency COUNT" or "rate START_AT SECONDS"
     order = line.split()
@@ -72,19 +96,18 @@ for line in sys.stdin:  # "latency COUNT" or "rate START_AT SECONDS"
         times = []
         for _ in range(int(order[1])):
             started = time.perf_counter()
-            trace()
-            times.append(time.perf_counter() - started)
-        print(json.dumps({"median": statistics.median(times)}), flush=True)
+            if guarded():
+                times.append(time.perf_counter() - started)
+        print(json.dumps({"median": statistics.median(times), "failed": failed}), flush=True)
     else:
         start_at, seconds = float(order[1]), float(order[2])
         while time.time() < start_at:
             time.sleep(0.001)
         done, end = 0, start_at + seconds
         while time.time() < end:
-            trace()
-            if time.time() <= end:
+            if guarded() and time.time() <= end:
                 done += 1
-        print(json.dumps({"done": done}), flush=True)
+        print(json.dumps({"done": done, "failed": failed}), flush=True)
 '''
 
 
@@ -108,6 +131,8 @@ class Clients:
         for report in self._reports(self.processes):
             if report.get("ready") != version:
                 raise SystemExit(f"a client of nnsight {version} reported {report}")
+        #: Each client's traces that failed in the client so far (`guarded` in CLIENT).
+        self.failed = [0] * count
 
     @staticmethod
     def _reports(processes: list) -> list[dict]:
@@ -123,14 +148,18 @@ class Clients:
         first = self.processes[0]
         first.stdin.write(f"latency {repeats}\n")
         first.stdin.flush()
-        return float(self._reports([first])[0]["median"])
+        report = self._reports([first])[0]
+        self.failed[0] = report["failed"]
+        return float(report["median"])
 
     def rate(self, seconds: float) -> float:
         start_at = time.time() + 1.0
         for process in self.processes:
             process.stdin.write(f"rate {start_at} {seconds}\n")
             process.stdin.flush()
-        return sum(report["done"] for report in self._reports(self.processes)) / seconds
+        reports = self._reports(self.processes)
+        self.failed = [report["failed"] for report in reports]
+        return sum(report["done"] for report in reports) / seconds
 
     def close(self) -> None:
         for process in self.processes:
@@ -201,6 +230,9 @@ def main(argv: Optional[list] = None) -> int:
         for version in versions:
             table.add("runtimes", f"{args.clients} clients, nnsight {version}", jobs[version],
                       f"nnsight {own} (own)", jobs[own], "jobs/s")
+        for version in versions:
+            print(f"nnsight {version}: {sum(pools[version].failed)} traces failed in the client "
+                  "(an update lost or not decoded, interrupted after 30 s)", flush=True)
         server.stop()
         server = None
         # The memory a runtime adds, on a model whose weights are large beside it.
