@@ -9,7 +9,9 @@ this Python) measures, side by side in the same run:
 1. the median client wall time of a small trace (``--repeats``, after a warm-up);
 2. jobs per second with 8 client processes at once (``--clients``), for
    ``--seconds``, each started and loaded before any window opens;
-3. the memory the runtime holds of its own (its template and job processes'
+3. the server's own time per job, from its job rows (RECEIVED to COMPLETED,
+   while one client traced alone), apart from what each client spends;
+4. the memory the runtime holds of its own (its template and job processes'
    private pages, from ``/status``), on a second server whose model has
    GPT-2 small's shape (``--memory-width``, ``--memory-layers``), beside that
    model's weights, which the runtime maps from the host rather than copies.
@@ -178,6 +180,28 @@ def runtime_memory(server, version: str, deadline: float = 60.0) -> Optional[int
     return None
 
 
+def server_seconds(server, windows: dict[str, list[tuple[float, float]]], own: str) -> dict[str, float]:
+    """The median time from RECEIVED to COMPLETED of each version's jobs while one client traced alone.
+
+    Read from the server's own job rows: the server's side of a trace, without
+    what the client spends (a 0.6/0.7 client makes a new HTTP client for each
+    POST and download, docs/benchmarks.md).
+    """
+    import sqlite3
+
+    connection = sqlite3.connect(f"file:{server.data_dir / 'nnhost.sqlite3'}?mode=ro", uri=True)
+    try:
+        medians = {}
+        for version, spans in windows.items():
+            spent = [row[0] * 1000 for opened, closed in spans for row in connection.execute(
+                "SELECT updated_at - created_at FROM jobs WHERE status = 'COMPLETED' AND client_version = ? "
+                "AND created_at BETWEEN ? AND ?", ("" if version == own else version, opened, closed))]
+            medians[version] = statistics.median(spent) if spent else float("nan")
+        return medians
+    finally:
+        connection.close()
+
+
 def main(argv: Optional[list] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=30)
@@ -216,9 +240,12 @@ def main(argv: Optional[list] = None) -> int:
         latency: dict[str, list[float]] = {version: [] for version in versions}
         rate: dict[str, list[float]] = {version: [] for version in versions}
         # Rounds alternate the versions, so that a noisy moment of the machine falls on each alike.
+        windows: dict[str, list[tuple[float, float]]] = {version: [] for version in versions}
         for round_ in range(args.rounds):
             for version in versions if round_ % 2 == 0 else reversed(versions):
+                opened = time.time()
                 latency[version].append(pools[version].latency(args.repeats) * 1000)
+                windows[version].append((opened, time.time()))
                 rate[version].append(pools[version].rate(args.seconds))
         for pool in pools.values():
             pool.close()
@@ -230,6 +257,10 @@ def main(argv: Optional[list] = None) -> int:
         for version in versions:
             table.add("runtimes", f"{args.clients} clients, nnsight {version}", jobs[version],
                       f"nnsight {own} (own)", jobs[own], "jobs/s")
+        served = server_seconds(server, windows, own)
+        for version in versions:
+            table.add("runtimes", f"server time per job, nnsight {version} (received to completed)",
+                      served[version], f"nnsight {own} (own)", served[own], "ms")
         for version in versions:
             print(f"nnsight {version}: {sum(pools[version].failed)} traces failed in the client "
                   "(an update lost or not decoded, interrupted after 30 s)", flush=True)
