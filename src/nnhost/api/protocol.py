@@ -20,7 +20,6 @@ from ..client_versions import socketio_era
 from ..front.jobs import SessionNotOwned, Submission, UnknownModel
 from ..jobs.bus import Frame
 from ..jobs.job import Job
-from ..jobs.update import JobUpdate
 from ..models.catalog import InvalidModelKey
 from ..storage.blocking import run_blocking
 from ..storage.results import ResultMissing
@@ -192,11 +191,8 @@ async def job_result(
 
 def _frame(server: Server, published: Frame) -> Optional[Union[str, bytes]]:
     """What the client gets for a published update; None for one that does not decode."""
-    try:
-        return replies.update_frame(server, JobUpdate.decode(published))
-    except (ValueError, TypeError):
-        log.warning("dropped a frame on the event bus that is not a job update")
-        return None
+    update = replies.published_update(published)
+    return None if update is None else replies.update_frame(server, update)
 
 
 @router.websocket("/subscribe")

@@ -9,9 +9,11 @@ client used, or ``public_url``), or, when a small result rides along, the
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
+from ..jobs.bus import Frame
 from ..jobs.job import Job, Status
 from ..jobs.update import JobUpdate
 from ..wire import Response
@@ -19,6 +21,7 @@ from ..wire import Response
 if TYPE_CHECKING:
     from .server import Server
 
+log = logging.getLogger("nnhost.api")
 #: Shortest lifetime of a result link, even for a result about to expire.
 MIN_LINK_TTL = 60.0
 
@@ -46,6 +49,15 @@ def job_response(server: Server, job: Job, base_url: str) -> Response:
     """The Response for ``job`` as it stands (a link when it COMPLETED)."""
     return _response(server, job.id, job.status, job.description, job.meta,
                      job.result_expires_at, base_url)
+
+
+def published_update(published: Frame) -> Optional[JobUpdate]:
+    """A frame from the event bus as the job update it should be; None (logged) for one that is not."""
+    try:
+        return JobUpdate.decode(published)
+    except (ValueError, TypeError):
+        log.warning("dropped a frame on the event bus that is not a job update")
+        return None
 
 
 def update_response(server: Server, update: JobUpdate, inline: bool = True) -> Response:

@@ -23,23 +23,20 @@ handler) and never runs anything. Each session is a websocket the doorman
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import TYPE_CHECKING, Any
 
 import socketio  # type: ignore[import-untyped]
 from starlette.datastructures import State
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..jobs.update import JobUpdate
 from ..storage.blocking import run_blocking
-from . import legacy
+from . import legacy, replies
 
 if TYPE_CHECKING:
     from .server import Server
 
 #: Where the clients look for it (their ``socketio_path``), without the leading slash.
 SOCKETIO_PATH = "ws/socket.io"
-log = logging.getLogger("nnhost.api")
 
 
 class SocketIOFront:
@@ -79,11 +76,9 @@ class SocketIOFront:
     async def _forward(self, server: Server, sid: str, next_frame: Any) -> None:
         """Every update published to the session, in order, as the client's events."""
         while True:
-            published = await next_frame()
-            try:
-                # In a thread: the first one imports torch, for its file format.
-                data = await run_blocking(legacy.update_event, server, JobUpdate.decode(published))
-            except (ValueError, TypeError):
-                log.warning("dropped a frame on the event bus that is not a job update")
+            update = replies.published_update(await next_frame())
+            if update is None:
                 continue
+            # In a thread: the first one imports torch, for its file format.
+            data = await run_blocking(legacy.update_event, server, update)
             await self._sio.emit(legacy.EVENT, data, to=sid)

@@ -28,13 +28,11 @@ import io
 import json
 from typing import Any, Callable, Optional
 
-#: The class 0.8 keys every transformers model by.
-TRANSFORMERS_CLASS = "nnsight.modeling.transformers.TransformersModel"
-#: The wrappers 0.6 and 0.7 key and rebuild a transformers model of these tasks as.
-LEGACY_WRAPPERS = {
-    "text-generation": "nnsight.modeling.language.LanguageModel",
-    "image-text-to-text": "nnsight.modeling.vlm.VisionLanguageModel",
-}
+from ..models.catalog import OLDER_CLASSES, TRANSFORMERS_CLASS
+
+#: The wrappers 0.6 and 0.7 key and rebuild a transformers model of these tasks as
+#: (the catalog's table of their classes, read the other way).
+LEGACY_WRAPPERS = {task: wrapper for wrapper, task in OLDER_CLASSES.items() if task is not None}
 
 
 class NnsightApi:
