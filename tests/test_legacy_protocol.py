@@ -111,9 +111,9 @@ def test_a_socketio_session_may_be_named_by_any_request_that_knows_its_id():
 
 def test_a_shipped_function_is_compiled_without_running_a_line_of_it():
     source = "@print\ndef f(x, y=print('default')):\n    return x + offset\n"
-    code = function_code(source, "f", ["offset"], "<user>")
+    code = function_code(source, "f", ("offset",), "<user>")
     assert code.co_name == "f" and code.co_freevars == ("offset",)
-    lambda_code = function_code("lambda v: v * k", "<lambda>", ["k"], "<user>")
+    lambda_code = function_code("lambda v: v * k", "<lambda>", ("k",), "<user>")
     assert lambda_code.co_freevars == ("k",)
 
 
@@ -124,7 +124,7 @@ def test_a_shipped_function_is_compiled_without_running_a_line_of_it():
 ])
 def test_source_that_is_not_one_definition_of_the_function_is_refused(source, name):
     with pytest.raises(RefusedPayload):
-        function_code(source, name, [], "<user>")
+        function_code(source, name, (), "<user>")
 
 
 def test_nnsights_own_source_is_recognised_only_as_it_is_at_its_place():

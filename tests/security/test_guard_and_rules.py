@@ -118,6 +118,25 @@ def test_legitimate_sources_pass():
     )
 
 
+def test_a_remembered_verdict_is_the_same_verdict():
+    """`check_source` remembers verdicts (a user's loop ships the same sources): a refusal
+    stays a refusal with its text, and each policy and file name gets its own verdict."""
+    source = "import json\nx = ().__class__\n"
+    narrow, wide = SandboxPolicy.from_names(["math"]), SandboxPolicy.from_names(["math", "json"])
+    for _ in range(3):
+        with pytest.raises(SandboxViolation, match=r"(?s)loop\.py, line 1: importing 'json'.*line 2"):
+            check_source(source, "loop.py", narrow)
+    for _ in range(3):
+        with pytest.raises(SandboxViolation) as refused:
+            check_source(source, "loop.py", wide)
+        assert "line 1" not in str(refused.value) and "loop.py, line 2" in str(refused.value)
+        check_source("import json\n", "loop.py", wide)
+        with pytest.raises(SandboxViolation, match="other.py, line 2"):
+            check_source(source, "other.py", wide)
+    with pytest.raises(SandboxViolation, match="json"):
+        check_source("import json\n", "loop.py", narrow)
+
+
 def test_guarded_builtins_apply_the_policy_at_run_time():
     policy = SandboxPolicy.from_names(["math", "builtins"])
     namespace = {"__builtins__": guarded_builtins(policy)}

@@ -200,6 +200,16 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
 
+#: `check_source`'s verdicts (None, or the refusal's text) by everything it reads. A
+#: user's loop of traces ships the same sources to the same job process each time,
+#: and parsing and walking them is a large part of reading a small request. The
+#: verdict is a function of its key alone, so a remembered one is the same verdict.
+_VERDICTS: dict[tuple[str, str, SandboxPolicy, str], Optional[str]] = {}
+_VERDICTS_HELD = 256
+#: Longer sources are checked every time rather than held.
+_VERDICT_SOURCE_CHARS = 1 << 16
+
+
 def check_source(source: str, filename: str, policy: SandboxPolicy, syntax_note: str = "") -> None:
     """Refuse ``source`` (a traced block or a shipped function) if it breaks the rules.
 
@@ -209,20 +219,32 @@ def check_source(source: str, filename: str, policy: SandboxPolicy, syntax_note:
     """
     if not policy.enabled:
         return
+    key = (source, filename, policy, syntax_note)
+    verdict = _VERDICTS.get(key, "")
+    if verdict == "":
+        verdict = _verdict(source, filename, policy, syntax_note)
+        if len(source) <= _VERDICT_SOURCE_CHARS:
+            if len(_VERDICTS) >= _VERDICTS_HELD:
+                del _VERDICTS[next(iter(_VERDICTS))]
+            _VERDICTS[key] = verdict
+    if verdict is not None:
+        raise SandboxViolation(verdict)
+
+
+def _verdict(source: str, filename: str, policy: SandboxPolicy, syntax_note: str) -> Optional[str]:
     try:
         tree = ast.parse(source, filename)
     except SyntaxError as error:
-        raise SandboxViolation(f"{filename}, line {error.lineno}: {error.msg}{syntax_note}") from None
+        return f"{filename}, line {error.lineno}: {error.msg}{syntax_note}"
     checker = _Checker(policy)
     checker.visit(tree)
-    if checker.problems:
-        lines = "\n".join(
-            f"  {filename}, line {line}: {message}"
-            for line, message in sorted(dict.fromkeys(checker.problems))
-        )
-        raise SandboxViolation(
-            "Your request uses something this server does not allow:\n" + lines
-        )
+    if not checker.problems:
+        return None
+    lines = "\n".join(
+        f"  {filename}, line {line}: {message}"
+        for line, message in sorted(dict.fromkeys(checker.problems))
+    )
+    return "Your request uses something this server does not allow:\n" + lines
 
 
 # --- the builtins user code runs with ---------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 import __future__
 
 import ast
+import functools
 import importlib
 import linecache
 import re
@@ -83,7 +84,7 @@ def legacy_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Call
                 key: base_globals[key] for key in _ORIGIN_NAMES if isinstance(base_globals.get(key), str)
             }
             install_builtins(namespace, user_builtins)
-        code = function_code(source, name, names, filename or "<serialization>")
+        code = function_code(source, name, tuple(names), filename or "<serialization>")
         by_name = dict(zip(names, values))
         cells = tuple(types.CellType(by_name[free]) for free in code.co_freevars)
         code = code.replace(co_firstlineno=firstlineno)
@@ -152,13 +153,16 @@ def legacy_reconstructors(me: RestrictedUnpickler) -> dict[tuple[str, str], Call
     }
 
 
-def function_code(source: str, name: str, closure_names: list[str], filename: str) -> types.CodeType:
+@functools.lru_cache(maxsize=128)
+def function_code(source: str, name: str, closure_names: tuple[str, ...], filename: str) -> types.CodeType:
     """The code of the function ``source`` defines, compiled here and never run.
 
     The source is compiled inside a factory whose parameters are the
     closure's names, so that they become the function's free variables; the
     function's code is taken out of the factory's constants, so that no line
     of the source (a decorator, a default) runs while the request is read.
+    A code object is immutable, so a user's next request with the same
+    function takes the one compiled for the last.
     """
     parsed = ast.parse(source)
     if name == "<lambda>":
@@ -203,10 +207,8 @@ def library_module(filename: Any, source: str, firstlineno: int) -> Optional[typ
         return None
     import nnsight  # type: ignore[import-untyped]
 
-    local = Path(nnsight.__file__).parent.joinpath(*parts)
-    try:
-        lines = local.read_text().splitlines(keepends=True)
-    except OSError:
+    lines = _library_lines(str(Path(nnsight.__file__).parent.joinpath(*parts)))
+    if lines is None:
         return None
     wanted = source.strip()
     if wanted.startswith("(lambda") and wanted.endswith(")") and "\n" in wanted:
@@ -217,6 +219,15 @@ def library_module(filename: Any, source: str, firstlineno: int) -> Optional[typ
         return None
     name = "nnsight." + ".".join(parts)[:-3].removesuffix(".__init__")
     return importlib.import_module(name)
+
+
+@functools.lru_cache(maxsize=64)
+def _library_lines(path: str) -> Optional[tuple[str, ...]]:
+    """The lines of a file of this process's nnsight (which does not change while it runs)."""
+    try:
+        return tuple(Path(path).read_text().splitlines(keepends=True))
+    except OSError:
+        return None
 
 
 def register_source(filename: Any, source: str, firstlineno: int) -> None:
