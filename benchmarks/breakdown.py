@@ -108,7 +108,7 @@ def floor_server(port: int, snapshot: str) -> None:
     from nnsight.schema.response import ResponseModel, Status
 
     from nnhost.execution.events import JobEvent, JobSpec
-    from nnhost.execution.runner import Runner
+    from nnhost.execution.job.runner import Runner
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -347,7 +347,7 @@ HANDLE_CHILD = r"""
 import sys, time
 started = time.perf_counter()
 import torch
-from nnhost.execution.cuda_handles import DeviceImage
+from nnhost.execution.weights.cuda_handles import DeviceImage
 fd, size, count, device = (int(value) for value in sys.argv[1:5])
 torch.cuda.set_device(device)
 image = DeviceImage.open(device, fd, size)
@@ -377,7 +377,7 @@ def check_handles(args: Any, check: "Check") -> None:
 
     import torch
 
-    from nnhost.execution.cuda_handles import DeviceImage
+    from nnhost.execution.weights.cuda_handles import DeviceImage
 
     print("\n=== the driver's handles (cuda_handles), alone ===", flush=True)
     device = torch.device(args.device).index or 0
@@ -666,7 +666,7 @@ def ready_job_memory(device: str, server: Any) -> str:
     import subprocess
 
     pids = _tree(server.process.pid)
-    jobs = [pid for pid in pids if " -m nnhost.execution.template" in _parent_command(pid)]
+    jobs = [pid for pid in pids if " -m nnhost.execution.host.template" in _parent_command(pid)]
     host_kib = []
     for pid in jobs:
         try:

@@ -65,7 +65,7 @@ def median_ms(values: list) -> float:
 
 
 def measure(model, read_only: bool, repeats: int) -> tuple[float, float]:
-    from nnhost.execution.integrity import ModelGuard
+    from nnhost.execution.guard.integrity import ModelGuard
 
     guard = ModelGuard(model, model._remoteable_persistent_objects(), read_only_weights=read_only)
     per_job, full = [], []

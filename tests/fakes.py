@@ -232,7 +232,7 @@ class FakeJobProcess:
 
         from nnhost.execution.channel import Channel
         from nnhost.execution.messages import Ready
-        from nnhost.replicas.slots import Slot
+        from nnhost.replicas.process_slot import Slot
 
         ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.slot = Slot(pid=pid, channel=Channel(ours), generation=BareReplicaSide.generation, runtime=runtime)

@@ -40,7 +40,7 @@ def serving_hosts(table, tree: list[int]) -> list[int]:
     """Host processes holding a model (a spare host, prepared for the next one, holds none)."""
     hosts = []
     for pid in tree:
-        if "nnhost.execution.host" in table[pid][1]:
+        if "nnhost.execution.host.host" in table[pid][1]:
             try:
                 if maps_weights(pid):
                     hosts.append(pid)
@@ -52,7 +52,7 @@ def serving_hosts(table, tree: list[int]) -> list[int]:
 def templates_of(table, hosts: list[int]) -> list[int]:
     """Template processes: the hosts' children (a job's process, its fork, shares its command line)."""
     return [p for p, (parent, command) in table.items()
-            if parent in hosts and "nnhost.execution.template" in command]
+            if parent in hosts and "nnhost.execution.host.template" in command]
 
 
 def maps_weights(pid: int) -> bool:

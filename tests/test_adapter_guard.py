@@ -67,8 +67,8 @@ def test_the_guarded_one_process_design_applies_and_removes_the_adapter(
 ):
     from nnsight import LanguageModel
 
-    from nnhost.execution.integrity import ModelGuard
-    from nnhost.execution.runner import Runner
+    from nnhost.execution.guard.integrity import ModelGuard
+    from nnhost.execution.job.runner import Runner
     from nnhost.models.tiny_lora import build_tiny_lora
 
     adapter = build_tiny_lora(ADAPTER, test_snapshot, TEST_REPO, server_hf_home)

@@ -157,7 +157,7 @@ def test_a_cold_start_takes_a_prepared_spare_host(mapped_server, remote_model, l
     def hosts():
         table = processes()
         tree = descendants(mapped_server.process.pid, table)
-        every = [p for p in tree if "nnhost.execution.host" in table[p][1]]
+        every = [p for p in tree if "nnhost.execution.host.host" in table[p][1]]
         return every, serving_hosts(table, tree)
 
     deadline = time.monotonic() + 120

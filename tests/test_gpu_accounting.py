@@ -15,7 +15,8 @@ import torch
 from fakes import FakeFleet
 
 from nnhost.config import ModelEntry
-from nnhost.controller.manager import COLD, HOT, WARM, CannotFit, DeploymentManager
+from nnhost.controller.deployment import COLD, HOT, WARM
+from nnhost.controller.manager import CannotFit, DeploymentManager
 from nnhost.controller.placement import DeviceBudgets
 from nnhost.models.catalog import Catalog, ModelSpec
 from nnhost.models.sizing import QUANTIZATION_BYTES, device_shares, tensor_bytes

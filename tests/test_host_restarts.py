@@ -14,7 +14,7 @@ import time
 
 from nnhost.execution.channel import Channel, pair
 from nnhost.execution.messages import TO_HOST, Fork, Options, State
-from nnhost.execution.worker import WorkerOptions
+from nnhost.execution.policy import WorkerOptions
 from nnhost.replicas import replica as replica_module
 from nnhost.replicas.contract import ReplicaState, ReplicaStatus
 

@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from nnhost.execution.containment import ContainmentPolicy
-from nnhost.execution.job_layers import contain_job
+from nnhost.execution.os_layer.containment_policy import ContainmentPolicy
+from nnhost.execution.os_layer.job_layers import contain_job
 
 pytestmark = pytest.mark.skipif(
     not (sys.platform.startswith("linux") and os.geteuid() == 0),

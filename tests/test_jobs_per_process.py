@@ -160,7 +160,7 @@ def test_a_parked_process_is_weighed_by_its_job_groups_charge():
     """
     import os
 
-    from nnhost.execution.cgroups import JobGroups, group_memory
+    from nnhost.execution.os_layer.cgroups import JobGroups, group_memory
 
     groups = JobGroups("parking-test")
     if not groups.available:
@@ -198,7 +198,7 @@ def test_a_replicas_groups_are_removed_when_it_stops_even_while_its_processes_ex
     import signal
     import time
 
-    from nnhost.execution.cgroups import JobGroups
+    from nnhost.execution.os_layer.cgroups import JobGroups
 
     groups = JobGroups("closing-test")
     if not groups.available:
@@ -222,7 +222,7 @@ def test_groups_left_by_a_server_that_died_are_swept_when_the_next_starts():
     """A server killed outright cannot remove its groups; the next one removes them (`cgroups.sweep_stale`)."""
     import os
 
-    from nnhost.execution.cgroups import JobGroups
+    from nnhost.execution.os_layer.cgroups import JobGroups
 
     probe = JobGroups("sweep-probe")
     if not probe.available:

@@ -23,8 +23,8 @@ import torch
 from nnhost.api import legacy
 from nnhost.client_versions import socketio_era
 from nnhost.execution.nnsight_api import LEGACY_WRAPPERS, TRANSFORMERS_CLASS, legacy_model_key
-from nnhost.execution.unpickling_allowlist import RefusedPayload
-from nnhost.execution.unpickling_legacy import function_code, library_module
+from nnhost.execution.unpickling.allowlist import RefusedPayload
+from nnhost.execution.unpickling.legacy import function_code, library_module
 from nnhost.jobs.bus import LocalEventBus
 from nnhost.jobs.bus_redis import SessionOwner
 from nnhost.jobs.update import JobUpdate

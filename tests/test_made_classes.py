@@ -19,7 +19,7 @@ import typing
 import pytest
 import torch
 
-from nnhost.execution.result_writing import serialize_result
+from nnhost.execution.job.result_writing import serialize_result
 
 
 def _round_trip(value):

@@ -1,7 +1,7 @@
 """The host's side of the mapped design's weights, without a server: re-pointing parameters into one image.
 
 On a GPU the host copies every parameter of a device into one exported
-allocation and re-points its own parameters there (`mapped_weights.point_into`).
+allocation and re-points its own parameters there (`weights.mapped.point_into`).
 The first run on an H200 failed there on GPT-2's tied embedding, one
 parameter object listed under two names. The re-pointing is the same on any
 device, so it is checked here on the CPU with an image made of a plain tensor.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from nnhost.execution.mapped_weights import point_into
+from nnhost.execution.weights.mapped import point_into
 
 
 class Tied(torch.nn.Module):

@@ -13,8 +13,8 @@ import threading
 
 import numpy as np
 
-from nnhost.execution import memory_meter
-from nnhost.execution.memory_meter import MemoryMeter
+from nnhost.execution.job import memory_meter
+from nnhost.execution.job.memory_meter import MemoryMeter
 
 MIB = 1 << 20
 

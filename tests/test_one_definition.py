@@ -16,7 +16,7 @@ from typing import Any, Optional
 import pytest
 
 from nnhost.controller import intake
-from nnhost.execution import capture, events, job_process, messages
+from nnhost.execution import events, messages
 from nnhost.execution.channel import MAX_MESSAGE, BadMessage, Channel, pair
 from nnhost.execution.events import (
     CUT_MARK,
@@ -31,6 +31,8 @@ from nnhost.execution.events import (
     event_problem,
     is_job_id,
 )
+from nnhost.execution.job import capture
+from nnhost.execution.job import process as job_process
 from nnhost.jobs.job import Job, Status
 from nnhost.replicas import job_watch
 from nnhost.replicas.job_watch import JobWatch, Violation, refused

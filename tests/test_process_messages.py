@@ -41,8 +41,7 @@ from nnhost.execution.messages import (
     Stop,
     Weights,
 )
-from nnhost.execution.policy import WorkerPolicy
-from nnhost.execution.worker import WorkerOptions
+from nnhost.execution.policy import WorkerOptions, WorkerPolicy
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """What one Python records in a payload and another lacks: translated, or refused by name.
 
 The real clients' payloads are replayed in `test_client_pythons`; these
-tests pin each rule of `execution.python_versions` on payloads made here.
+tests pin each rule of `execution.unpickling.python_versions` on payloads made here.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pickle
 
 import pytest
 
-from nnhost.execution.python_versions import server_python, translate_state
-from nnhost.execution.sandbox import SandboxPolicy
-from nnhost.execution.unpickling import RefusedPayload, restricted_unpickler
+from nnhost.execution.python_layer.sandbox import SandboxPolicy
+from nnhost.execution.unpickling.python_versions import server_python, translate_state
+from nnhost.execution.unpickling.unpickler import RefusedPayload, restricted_unpickler
 
 
 def _filled(module, name, slots):
@@ -108,8 +108,8 @@ def test_a_name_of_a_newer_python_is_refused_naming_both_pythons():
 
 
 def test_syntax_of_a_newer_python_is_refused_naming_both_pythons():
-    from nnhost.execution.python_versions import syntax_note
-    from nnhost.execution.sandbox import SandboxViolation, check_source
+    from nnhost.execution.python_layer.sandbox import SandboxViolation, check_source
+    from nnhost.execution.unpickling.python_versions import syntax_note
 
     source = "def first[T](items: list[T]) -> T:\n    return items[0]\n"  # Python 3.12's generics
     newer = "3.99.0"

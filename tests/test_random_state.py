@@ -14,7 +14,7 @@ import random
 import numpy as np
 import torch
 
-from nnhost.execution.process_state import fresh_random_state
+from nnhost.execution.guard.process_state import fresh_random_state
 
 
 def _draws() -> tuple[float, float, float]:

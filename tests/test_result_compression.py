@@ -17,7 +17,7 @@ import pytest
 import torch
 import zstandard
 
-from nnhost.execution.result_writing import serialize_result
+from nnhost.execution.job.result_writing import serialize_result
 
 NOBODY = 65534
 

@@ -26,7 +26,8 @@ from nnhost.execution.channel import Channel
 from nnhost.execution.events import JobSpec
 from nnhost.execution.messages import Discard, Fork, Run
 from nnhost.execution.policy import WorkerPolicy
-from nnhost.replicas.slots import JobProcesses, Slot
+from nnhost.replicas.process_slot import Slot
+from nnhost.replicas.slots import JobProcesses
 
 
 @pytest.fixture
@@ -159,7 +160,7 @@ def test_a_runtimes_next_process_warms_up_once_no_job_runs(world):
 
 def test_a_runtime_that_is_not_installed_says_so_to_the_jobs_waiting_for_it():
     """`replicas.runtimes`: a template that cannot start reports why, and nothing is left running."""
-    from nnhost.execution.worker import WorkerOptions
+    from nnhost.execution.policy import WorkerOptions
     from nnhost.replicas.runtimes import RuntimeTemplates
 
     class Side:
@@ -196,7 +197,7 @@ def test_a_runtime_that_is_not_installed_says_so_to_the_jobs_waiting_for_it():
 def test_only_a_fork_starts_a_runtimes_template(monkeypatch):
     """A `Discard` or `Park` for a runtime that stopped names processes that ended with it."""
     from nnhost.execution.messages import Park
-    from nnhost.execution.worker import WorkerOptions
+    from nnhost.execution.policy import WorkerOptions
     from nnhost.replicas import runtimes
     from nnhost.replicas.runtimes import RuntimeTemplates
 

@@ -191,7 +191,7 @@ def test_nnterp_imports_in_a_trace_where_the_runtimes_nnsight_lets_it(runtime_se
 def runtime_templates(server: ServerProcess, version: str) -> list[int]:
     assert server.process is not None
     table = processes()
-    marker = f"nnsight-{version}/bin/python -m nnhost.execution.template"
+    marker = f"nnsight-{version}/bin/python -m nnhost.execution.host.template"
     found = [pid for pid in descendants(server.process.pid, table) if marker in table[pid][1]]
     return [pid for pid in found if table[pid][0] not in found]  # its job processes are its forks
 
@@ -215,7 +215,7 @@ def test_a_runtimes_job_processes_map_the_hosts_weights(runtime_server, test_sna
     jobs = descendants(templates[0], table)
     assert jobs, "the runtime keeps no job process ready after a job"
     hosts = [pid for pid in descendants(runtime_server.process.pid, table)
-             if "-m nnhost.execution.host" in table[pid][1]]
+             if "-m nnhost.execution.host.host" in table[pid][1]]
     host_weights = set().union(*(_weight_maps(pid) for pid in hosts))
     assert host_weights, "the host maps no sealed weights"
     # /status shows what the runtime holds of its own: a process or two, far from the weights.

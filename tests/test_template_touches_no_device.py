@@ -37,9 +37,10 @@ if hasattr(torch._C, "_cuda_getDeviceCount"):  # a CUDA build (its presence is h
     torch._C._cuda_getDeviceCount = tripwire("_cuda_getDeviceCount")
 
 from nnsight import LanguageModel
-from nnhost.execution.mapped_weights import stand_ins
+from nnhost.execution.weights.mapped import stand_ins
 from nnhost.execution.policy import WorkerPolicy
-from nnhost.execution.worker import python_layer, warm_up
+from nnhost.execution.host.worker import python_layer
+from nnhost.execution.job.warm_up import warm_up
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -10,7 +10,7 @@ import pytest
 from nnhost.config import Settings
 from nnhost.controller.scheduler import FairQueue
 from nnhost.controller.service import JobService
-from nnhost.execution.capture import capture_stdout
+from nnhost.execution.job.capture import capture_stdout
 from nnhost.jobs.job import InvalidTransition, Job, Status
 from nnhost.jobs.store import JobStore, connect
 from nnhost.models.catalog import InvalidModelKey, ModelKey, ModelSpec

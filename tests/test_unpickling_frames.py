@@ -16,8 +16,8 @@ import pickletools
 
 import pytest
 
-from nnhost.execution.sandbox import SandboxPolicy
-from nnhost.execution.unpickling import restricted_unpickler
+from nnhost.execution.python_layer.sandbox import SandboxPolicy
+from nnhost.execution.unpickling.unpickler import restricted_unpickler
 
 
 def _read(data: bytes):

@@ -1,4 +1,4 @@
-"""PIL images read from a payload as pixels only (`execution.unpickling_images`).
+"""PIL images read from a payload as pixels only (`execution.unpickling.images`).
 
 The end-to-end proof is in `test_model_kinds` (a vision-language request with a
 PNG image) and the refusals through a server in `security/test_pickle_gadgets`;
@@ -13,8 +13,8 @@ import sys
 import pytest
 from PIL import Image
 
-from nnhost.execution.unpickling_allowlist import RefusedPayload
-from nnhost.execution.unpickling_images import IMAGE_MODES, build_image, image_class_for
+from nnhost.execution.unpickling.allowlist import RefusedPayload
+from nnhost.execution.unpickling.images import IMAGE_MODES, build_image, image_class_for
 
 
 def _made() -> Image.Image:

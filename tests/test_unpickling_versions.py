@@ -16,8 +16,8 @@ import io
 import cloudpickle
 import pytest
 
-from nnhost.execution.sandbox import SandboxPolicy
-from nnhost.execution.unpickling import RefusedPayload, restricted_unpickler
+from nnhost.execution.python_layer.sandbox import SandboxPolicy
+from nnhost.execution.unpickling.unpickler import RefusedPayload, restricted_unpickler
 
 
 def _refusal(data: bytes) -> str:

@@ -1,6 +1,6 @@
 """A job's process warms up only when no job waits for it, and never beside a running job.
 
-A warm-up (`job_process.live`) runs a request of the server's own: pages
+A warm-up (`job.process.live`) runs a request of the server's own: pages
 copied, torch's threads started, so the job finds them done. It costs a
 whole request's CPU, and a waiting job waits for it too, so under load it is
 a loss: py-spy put it at about a fifth of a busy server's CPU. When the job
@@ -23,7 +23,8 @@ from nnhost.execution.events import JobSpec
 from nnhost.execution.messages import TO_SPARE, Event, Fork, Ready, Warm
 from nnhost.execution.policy import WorkerPolicy
 from nnhost.replicas.contract import ReplicaState, ReplicaStatus
-from nnhost.replicas.slots import JobProcesses, Slot
+from nnhost.replicas.process_slot import Slot
+from nnhost.replicas.slots import JobProcesses
 
 
 def _one_job(tmp_path, more_waiting: bool) -> tuple[Fork, list[object], list[object]]:
@@ -129,7 +130,7 @@ def _first_fork(monkeypatch, jobs_waiting: bool) -> Fork:
     """The first Fork a replica asks of its host, once the host says RUNNING."""
     from nnhost.execution.channel import pair
     from nnhost.execution.messages import TO_HOST, Options, State
-    from nnhost.execution.worker import WorkerOptions
+    from nnhost.execution.policy import WorkerOptions
     from nnhost.replicas import replica as replica_module
 
     ours, theirs = pair()

@@ -41,9 +41,10 @@ from .models.catalog import Catalog, ModelSpec
 from .models.hfcache import find_snapshot
 from .storage.blobs import BlobDir
 from .storage.blocking import run_blocking
+from .storage.choice import open_result_store
 from .storage.links import LinkSigner
 from .storage.payloads import DatabasePayloads
-from .storage.results import ResultStore, open_result_store
+from .storage.results import ResultStore
 from .telemetry.metrics import Metrics
 
 if TYPE_CHECKING:

@@ -43,7 +43,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from .client_versions import served_client_versions
 from .config_errors import ENV_PREFIX, Origins, SettingConflict, describe, unknown_environment
-from .execution.sandbox_rules import DEFAULT_ALLOWED_IMPORTS
+from .execution.python_layer.sandbox_rules import DEFAULT_ALLOWED_IMPORTS
 from .models.catalog import TRANSFORMERS_CLASS, AllowRule, ModelKey, ModelSpec
 from .units import parse_duration, parse_size
 

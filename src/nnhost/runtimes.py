@@ -108,7 +108,7 @@ def build(version: str, *, quiet: bool = True) -> Path:
     if done.returncode != 0:
         raise RuntimeError(f"pip could not install {' '.join(wanted)} into {target}:\n{done.stderr[-3000:]}")
     check = subprocess.run(
-        [str(python), "-c", "import nnsight, nnhost.execution.template; print(nnsight.__version__)"
+        [str(python), "-c", "import nnsight, nnhost.execution.host.template; print(nnsight.__version__)"
          + "".join(f"; import {extra.split('==')[0]}" for extra in extras)],
         capture_output=True, text=True,
     )

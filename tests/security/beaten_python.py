@@ -15,7 +15,7 @@ import time
 
 import httpx
 
-from nnhost.execution.job_process import TEST_MAGIC, TEST_SEPARATOR
+from nnhost.execution.job.process import TEST_MAGIC, TEST_SEPARATOR
 
 from .helpers import MODEL_KEY, headers_for, serialized_request
 

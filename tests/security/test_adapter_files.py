@@ -16,7 +16,7 @@ import textwrap
 import httpx
 from conftest import API_KEY, TEST_REPO
 
-from nnhost.execution.job_process import TEST_MAGIC, TEST_SEPARATOR
+from nnhost.execution.job.process import TEST_MAGIC, TEST_SEPARATOR
 
 from .beaten_python import PRELUDE, reported, wait_for
 from .helpers import MODEL_KEY, headers_for, serialized_request

@@ -30,12 +30,13 @@ SECRET = "nnhost-layer-secret-4f1c"
 CHILD = textwrap.dedent(
     """
     import json, os, socket, sys, time
-    from nnhost.execution import containment
+    from nnhost.execution.os_layer import containment
+    from nnhost.execution.os_layer.containment_policy import ContainmentPolicy
 
     problem = containment.enter_private_namespaces()
     import torch  # a loaded worker has torch's threads and libraries in place
     data_dir, port = sys.argv[1], int(sys.argv[2])
-    policy = containment.ContainmentPolicy(
+    policy = ContainmentPolicy(
         hide=[data_dir], memory_bytes=512 * 2**20, max_file_bytes=2**20,
         open_files=64, extra_tasks=8, scratch_bytes=64 * 2**20,
     )
@@ -218,7 +219,7 @@ def test_process_memory_and_descriptor_limits(contained):
 CRASH = textwrap.dedent(
     """
     import sys, torch
-    from nnhost.execution.integrity import WeightImage
+    from nnhost.execution.guard.integrity import WeightImage
     weight = torch.nn.Parameter(torch.randn(64, 64), requires_grad=False)
     image = WeightImage.build([weight])
     assert image is not None and float(weight.sum()) == float(weight.sum())

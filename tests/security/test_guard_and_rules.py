@@ -8,15 +8,15 @@ import warnings
 import pytest
 import torch
 
-from nnhost.execution.integrity import ModelGuard
-from nnhost.execution.sandbox import (
+from nnhost.execution.guard.integrity import ModelGuard
+from nnhost.execution.python_layer.sandbox import (
     ImportRefused,
     SandboxPolicy,
     SandboxViolation,
     check_source,
     guarded_builtins,
 )
-from nnhost.execution.sandbox_rules import DEFAULT_ALLOWED_IMPORTS
+from nnhost.execution.python_layer.sandbox_rules import DEFAULT_ALLOWED_IMPORTS
 
 PROMPT = "The Eiffel Tower is in the city of"
 

@@ -1,7 +1,7 @@
 """The runtimes of clients before 0.8 read their own payload format, and hold it to the same rules.
 
 nnsight 0.6 and 0.7 pickle a whole ``RequestModel``: their model wrapper by
-value, their block as a function shipped as source (`execution.unpickling_legacy`).
+value, their block as a function shipped as source (`execution.unpickling.legacy`).
 Each hostile request here is what a real client of that version serializes
 (`legacy_payloads.py`, run with that client's own nnsight): a payload that
 calls ``os.system`` while it is read, ships source that imports ``os``,
@@ -33,7 +33,7 @@ from compare import assert_same
 from conftest import API_KEY, TEST_REPO
 
 from nnhost.client_versions import socketio_era
-from nnhost.execution.job_process import TEST_MAGIC, TEST_SEPARATOR
+from nnhost.execution.job.process import TEST_MAGIC, TEST_SEPARATOR
 from nnhost.runtimes import RUNTIME_VERSIONS, installed
 from nnhost.testing import ServerProcess
 

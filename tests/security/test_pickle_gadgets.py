@@ -149,7 +149,7 @@ GADGETS = [
         r"an instance of sympy\.",
         id="library-constructor",
     ),
-    # Images travel as data (`unpickling_images`): none of Pillow's callables may be named.
+    # Images travel as data (`unpickling.images`): none of Pillow's callables may be named.
     pytest.param(
         lambda: opcodes(stack_global("PIL.Image", "open"), text("/etc/passwd"), b"\x85", b"R"),
         r"PIL\.Image\.open",

@@ -104,7 +104,7 @@ def test_a_later_users_empty_allocations_never_show_the_earlier_job(serving, rem
 
 
 def test_the_mode_blanks_every_spelling_of_the_empty_family():
-    from nnhost.execution.fresh_memory import job_memory
+    from nnhost.execution.guard.fresh_memory import job_memory
 
     size = 1 << 16
     for _ in range(4):  # freed blocks of the sizes asked for below, full of the pattern
@@ -128,7 +128,7 @@ def test_the_mode_blanks_every_spelling_of_the_empty_family():
 
 
 def test_only_a_job_alone_in_its_process_on_a_cpu_torch_goes_without_the_mode():
-    from nnhost.execution.fresh_memory import accelerator_reachable, blanking_needed
+    from nnhost.execution.guard.fresh_memory import accelerator_reachable, blanking_needed
 
     assert not accelerator_reachable()  # this suite's torch is the CPU build
     assert not blanking_needed(frozenset(), sole_job=True)
@@ -137,7 +137,7 @@ def test_only_a_job_alone_in_its_process_on_a_cpu_torch_goes_without_the_mode():
 
 
 def test_writes_into_protected_storages_are_refused_before_they_happen():
-    from nnhost.execution.fresh_memory import WeightWriteRefused, job_memory
+    from nnhost.execution.guard.fresh_memory import WeightWriteRefused, job_memory
 
     weight = torch.nn.Parameter(torch.ones(8, 8), requires_grad=False)
     protected = frozenset({weight.untyped_storage().data_ptr()})
@@ -162,7 +162,7 @@ def test_the_seal_and_the_fingerprint_see_what_the_mode_does_not(test_snapshot):
     """Outside the mode a `.data` write escapes the version counter; the full check sees it."""
     from nnsight import LanguageModel
 
-    from nnhost.execution.integrity import ModelGuard
+    from nnhost.execution.guard.integrity import ModelGuard
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -185,7 +185,7 @@ def test_the_seal_and_the_fingerprint_see_what_the_mode_does_not(test_snapshot):
 
 
 def test_the_fingerprint_needs_no_temporaries_the_size_of_the_tensor():
-    from nnhost.execution import weights
+    from nnhost.execution.weights.cpu import cpu as weights
 
     tensor = torch.randn(1000, 37).to(torch.bfloat16)
     assert weights.fingerprint(tensor, chunk=1000) == weights.fingerprint(tensor.clone(), chunk=1000)

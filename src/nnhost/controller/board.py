@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 from ..jobs.messages import Board, Containment, Device, Minute, ModelEntry, NodeRoom, Replicas, StatusEntry
 from ..replicas.contract import ReplicaStatus
-from .manager import Deployment
+from .deployment import Deployment
 from .nodes import memory_report
 from .report import status_entries
 from .service import JobService

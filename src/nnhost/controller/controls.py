@@ -16,7 +16,8 @@ from __future__ import annotations
 from ..jobs.messages import Cancel, Cancelled, Command, Deploy, Deployed, Evict, Evicted, Refused, Result
 from ..replicas.contract import Level
 from ..storage.blocking import run_blocking
-from .manager import COLD, HOT, WARM, CannotFit, Deployment
+from .deployment import COLD, HOT, WARM, Deployment
+from .manager import CannotFit
 from .service import JobService
 
 

@@ -28,7 +28,8 @@ from ..units import format_size
 from .placement import CannotFit, Holdings
 
 if TYPE_CHECKING:
-    from .manager import Deployment, DeploymentManager
+    from .deployment import Deployment
+    from .manager import DeploymentManager
 
 
 class _Free:

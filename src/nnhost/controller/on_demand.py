@@ -33,7 +33,8 @@ from ..models.downloader import DownloadRefused, HubDownloader, Plan
 from ..models.hfcache import find_snapshot
 from ..models.sizing import weight_bytes
 from ..units import format_size
-from .manager import COLD, DeploymentManager
+from .deployment import COLD
+from .manager import DeploymentManager
 
 log = logging.getLogger("nnhost.deployments")
 T = TypeVar("T")

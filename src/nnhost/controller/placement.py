@@ -23,7 +23,7 @@ from ..replicas.contract import Level
 from ..units import format_size
 
 if TYPE_CHECKING:
-    from .manager import Deployment
+    from .deployment import Deployment
 
 
 class CannotFit(RuntimeError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..replicas.contract import ReplicaStatus
-from .manager import COLD
+from .deployment import COLD
 
 if TYPE_CHECKING:
     from .manager import DeploymentManager

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Optional
 from ..replicas.contract import Level, Replica, ReplicaStatus
 
 if TYPE_CHECKING:
-    from .manager import Deployment, HasWork
+    from .deployment import Deployment, HasWork
 
 
 class Scaling:

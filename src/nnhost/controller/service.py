@@ -35,8 +35,9 @@ from ..storage.blocking import run_blocking
 from ..storage.payloads import JobPayloads
 from ..storage.results import ResultStore
 from .completion import Completion
+from .deployment import HOT, Deployment
 from .intake import LogBudget, check_event, event_job_id
-from .manager import HOT, CannotFit, Deployment, DeploymentManager
+from .manager import CannotFit, DeploymentManager
 from .on_demand import OnDemand
 from .recorder import Recorder
 from .scheduler import Scheduler

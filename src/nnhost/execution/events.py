@@ -94,7 +94,7 @@ class JobSpec:
     adapter_fds: list[int] = field(default_factory=list)
     #: The Python the client ran on (``3.12.1``, or empty): the payload was pickled
     #: there, and what it records that this Python cannot is translated or refused
-    #: (`execution.python_versions`).
+    #: (`execution.unpickling.python_versions`).
     client_python: str = ""
     #: Whose job it is (the account): a job's process that ran it may run that
     #: account's next jobs, never another's (`replicas.slots`). Not sent to the job.

@@ -2,7 +2,7 @@
 
 A replica (`replicas.replica`, `replicas.slots`) talks to its host
 process (`host`), the host to the mapped design's template (`template`), and
-the replica to each job's process (`job_process`), over `channel.Channel`:
+the replica to each job's process (`job.process`), over `channel.Channel`:
 one JSON object per packet, with descriptors alongside. Each kind of object
 is a pydantic model here, discriminated by its ``type``, and each receiver
 names the kinds it accepts with a `Kinds` (`TO_HOST`, `FROM_HOST`, `TO_JOB`,
@@ -34,8 +34,7 @@ from pydantic_core import PydanticCustomError
 
 from .channel import BadMessage, Channel, close_all
 from .events import JobEvent, JobSpec, event_problem
-from .policy import WorkerPolicy
-from .worker import WorkerOptions
+from .policy import WorkerOptions, WorkerPolicy
 
 
 class Message(BaseModel):
@@ -91,7 +90,7 @@ class Options(Message):
 
 
 class Weights(Message):
-    """The host's weights: ``tensors`` handles, as descriptors (`mapped_weights`).
+    """The host's weights: ``tensors`` handles, as descriptors (`weights.mapped`).
 
     From the host to its template, and to the replica when it asked (`Export`),
     which hands them on to a runtime's template (`replicas.runtimes`).
@@ -111,7 +110,7 @@ class Fork(Message):
     """Make the next job's process; ``memory_cgroup``: the replica puts it in a memory cgroup.
 
     ``warm``: it runs a request of its own before it says it is ready (see
-    `job_process.live`): the first process of a host no job waits for. One
+    `job.process.live`): the first process of a host no job waits for. One
     forked while a job runs says it is ready at once, and warms up only when
     told (`Warm`), so that its warm-up does not take the running job's CPU.
     """

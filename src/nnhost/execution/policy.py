@@ -14,9 +14,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, MutableMapping, Optional
 
-from .containment import ContainmentPolicy
-from .sandbox import SandboxPolicy
-from .sandbox_rules import DEFAULT_ALLOWED_IMPORTS
+from .os_layer.containment_policy import ContainmentPolicy
+from .python_layer.sandbox import SandboxPolicy
+from .python_layer.sandbox_rules import DEFAULT_ALLOWED_IMPORTS
 
 ENVIRONMENT_KEY = "NNHOST_WORKER_POLICY"
 
@@ -41,7 +41,7 @@ class WorkerPolicy:
     allowed_imports: list[str] = field(default_factory=lambda: list(DEFAULT_ALLOWED_IMPORTS))
     limits: ContainmentPolicy = field(default_factory=ContainmentPolicy)
     #: Tests only: a job process runs a payload's raw Python prefix unrestricted
-    #: (see `job_process._run_test_hook`). Set by the operator, never by a request.
+    #: (see `job.process._run_test_hook`). Set by the operator, never by a request.
     test_hooks: bool = False
     #: The operator's choice of design: "auto", "fork" or "mapped" (see `design`).
     execution: str = "auto"
@@ -135,3 +135,24 @@ def runtime_interpreters(versions: list[str]) -> dict[str, str]:
 
 def pop_policy() -> WorkerPolicy:
     return WorkerPolicy.from_environ(os.environ)
+
+
+@dataclass
+class WorkerOptions:
+    """How a replica process loads its model (JSON-native, crosses a process boundary)."""
+
+    model_key: str
+    load_kwargs: dict[str, Any] = field(default_factory=dict)
+    torch_threads: int = 0
+    #: Jobs its replica runs at once, each in its own process (the fork and
+    #: mapped designs; one process for every job runs one at a time).
+    jobs_at_once: int = 1
+    #: Jobs of one user one job process may run, one after another, before it
+    #: exits (1: a fresh process for every job).
+    jobs_per_process: int = 1
+    #: Environment overrides applied before anything is imported.
+    environ: dict[str, str] = field(default_factory=dict)
+    #: Where the weights live once loaded: the model's device when HOT, "cpu" when WARM.
+    device: str = "cpu"
+    #: The model's device when HOT: a contained CPU model gets a fresh process per job.
+    home_device: str = "cpu"

@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Any, Callable, Optional, Protocol, runtime_checkable
 
 from ..execution.events import JobEvent, JobSpec
-from ..execution.worker import WorkerOptions
+from ..execution.policy import WorkerOptions
 from .incidents import Incident
 
 

@@ -5,7 +5,7 @@ A job's process that ran one user's job may run that user's next ones
 then pays for a fork, a containment set-up and an exit once, not per
 request. After its job's result it *settles* (puts the model back, says it
 is ready again), then is *parked*: stopped by its parent
-(`execution.parked`), so nothing its job left behind runs, until a job of
+(`execution.host.parked`), so nothing its job left behind runs, until a job of
 the same owner takes it. It is killed after `PARKED_SECONDS` unused, when
 `PARKED_PER_REPLICA` others are parked, if it is not ready again within
 `SETTLE_SECONDS` of its result, or if it keeps more than `PARKED_BYTES` of
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
-    from .slots import Slot
+    from .process_slot import Slot
 
 #: A parked job's process unused this long is killed (seconds).
 PARKED_SECONDS = 60.0

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from ..execution.events import JobEvent, JobSpec
 from ..execution.messages import Event, Message, RayIdle, RayIncident, RayJobEvent, State
-from ..execution.worker import WorkerOptions
+from ..execution.policy import WorkerOptions
 from ..models.adapters import write_adapter
 from .contract import ReplicaState
 from .incidents import Incident

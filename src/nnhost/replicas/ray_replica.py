@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 from ..execution.channel import BadMessage
 from ..execution.events import JobEvent, JobSpec
 from ..execution.messages import FROM_RAY_ACTOR, RayIdle, RayIncident, RayJobEvent, State
-from ..execution.worker import WorkerOptions
+from ..execution.policy import WorkerOptions
 from ..models.adapters import read_adapter
 from .contract import (
     Need,

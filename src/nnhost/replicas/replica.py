@@ -3,7 +3,7 @@
 `contract.Replica` is the seam the rest of nnhost programs against: ``start``,
 ``submit``, ``cancel``, ``stop``, ``health``, ``place``, plus a stream of events
 delivered to the callbacks it was built with. `LocalReplica` implements it on this
-machine with a host process (`execution.host`) that loads the model and never
+machine with a host process (`execution.host.host`) that loads the model and never
 runs user code. In fork mode the host keeps one job process forked and
 contained ahead of time; `LocalReplica` hands each job to such a *slot* over
 the slot's own channel, together with the job's two open files. When the job
@@ -18,7 +18,7 @@ the events of the job it gave that slot, in order, and fails the job with a
 clear ERROR, killing the slot, on anything else, on silence past the time
 limit plus the grace, and when the slot dies. Its stdout and stderr arrive on
 a pipe of their own and become that job's LOG lines. Each slot gets a memory
-and task cgroup (`execution.cgroups`) before its job. A host that dies fails
+and task cgroup (`execution.os_layer.cgroups`) before its job. A host that dies fails
 the running job with the reason and is restarted.
 
 Callbacks run on the replica's own threads; the caller hops them onto its
@@ -35,18 +35,19 @@ import time
 from dataclasses import asdict, replace
 from typing import Any, Optional
 
-from ..execution.cgroups import JobGroups
 from ..execution.channel import BadMessage, Channel, close_all
 from ..execution.events import JobSpec
-from ..execution.job_process import describe_exit
+from ..execution.host.worker import crash_hint
+from ..execution.job.process import describe_exit
 from ..execution.messages import FROM_HOST, Exit, Message, Options, Place, State, Stop, Weights
 from ..execution.messages import Slot as SlotMessage
-from ..execution.policy import Design, WorkerPolicy
-from ..execution.worker import WorkerOptions, crash_hint
+from ..execution.os_layer.cgroups import JobGroups
+from ..execution.policy import Design, WorkerOptions, WorkerPolicy
 from .contract import OnIdle, OnIncident, OnJobEvent, OnState, ReplicaState, ReplicaStatus
 from .incidents import Incident
+from .process_slot import Slot
 from .runtimes import RuntimeTemplates
-from .slots import JobProcesses, Slot
+from .slots import JobProcesses
 from .spare_hosts import SPARES, clean_environment, start_host
 from .stuck import process_snapshot
 

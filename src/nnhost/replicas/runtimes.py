@@ -2,7 +2,7 @@
 
 A job of a client whose nnsight is not the server's own runs in a process of
 that version's runtime (`nnhost.runtimes`), forked from a template started
-with the runtime's Python (`execution.template`, the same program as the
+with the runtime's Python (`execution.host.template`, the same program as the
 mapped design's). The replica starts it beside its host, on the first job of
 that version: the template builds the model's tree on the meta device with
 its own nnsight, the replica asks the host for the weights' handles
@@ -31,13 +31,12 @@ from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
 from ..execution.channel import BadMessage, Channel, close_all
-from ..execution.host import describe_status, start_template
+from ..execution.guard.process_state import child_processes
+from ..execution.host.host import describe_status, start_template
+from ..execution.host.parked import private_bytes
 from ..execution.messages import FROM_HOST, Exit, Export, Fork, Message, State, Weights
 from ..execution.messages import Slot as SlotMessage
-from ..execution.parked import private_bytes
-from ..execution.policy import WorkerPolicy
-from ..execution.process_state import child_processes
-from ..execution.worker import WorkerOptions
+from ..execution.policy import WorkerOptions, WorkerPolicy
 from .spare_hosts import clean_environment
 
 log = logging.getLogger("nnhost.replica")

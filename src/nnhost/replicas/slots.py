@@ -25,22 +25,23 @@ import selectors
 import socket
 import threading
 import time
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Optional, Protocol
 
 from ..execution.channel import BadMessage, Channel, close_all
 from ..execution.events import JobEvent, JobSpec, cut_description
 from ..execution.handoff import discard_result, send_job
-from ..execution.job_process import describe_exit
+from ..execution.host.worker import crash_hint
+from ..execution.job.process import describe_exit
 from ..execution.messages import FROM_JOB, Discard, Fork, FromJob, Message, Park, Ready, Resume, Warm
 from ..execution.messages import Slot as SlotMessage
-from ..execution.worker import crash_hint
 from .incidents import Incident
 from .job_watch import JobWatch, LogLines, Violation, refused
 from .parking import PARKED_BYTES, Parking
+from .process_slot import Slot
 
 if TYPE_CHECKING:
-    from ..execution.cgroups import JobGroups
+    from ..execution.os_layer.cgroups import JobGroups
     from ..execution.policy import WorkerPolicy
     from .contract import OnIdle, OnIncident, OnJobEvent
 
@@ -54,37 +55,6 @@ class Queued:
     spec: JobSpec
     more_waiting: bool
     since: float
-
-
-@dataclass(eq=False)
-class Slot:
-    """A process that runs (or will run) one user's jobs."""
-
-    pid: int
-    channel: Channel
-    log_fd: int = -1
-    reusable: bool = False
-    generation: int = 0
-    ready: bool = False
-    containment: Optional[dict[str, Any]] = None
-    #: The nnsight runtime it belongs to (`replicas.runtimes`); empty: the host's own.
-    runtime: str = ""
-    job: Optional[JobSpec] = None
-    watch: Optional[JobWatch] = None
-    lines: Optional[LogLines] = None
-    started: float = 0.0
-    kill_reason: Optional[str] = None
-    exit_code: Optional[int] = None
-    out_of_memory: bool = False
-    exited: threading.Event = field(default_factory=threading.Event)
-    #: Whose jobs it runs (`JobSpec.owner`), once it has run one; how many it ran.
-    owner: str = ""
-    jobs_run: int = 0
-    #: Its job was sent with ``stay``: after the result, it says ready again or goes.
-    staying: bool = False
-    #: When its last job ended (settling) or it was parked.
-    since: float = 0.0
-
 
 
 class ReplicaSide(Protocol):
@@ -107,7 +77,7 @@ class ReplicaSide(Protocol):
         """Why the host was killed, if it was (a reusable slot's job fails with it)."""
 
     def send_control(self, message: Message) -> None:
-        """Tell the host (`execution.host`); nothing happens once it is gone."""
+        """Tell the host (`execution.host.host`); nothing happens once it is gone."""
 
     def send_to(self, runtime: str, message: Message) -> None:
         """Tell what forks ``runtime``'s job processes: the host for its own (""), else that
@@ -195,7 +165,7 @@ class JobProcesses:
         The caller holds the lock and checked there is a spare.
         ``more_waiting``: other jobs wait for this replica, so the next job
         process goes without a warm-up. Otherwise it warms up once this job
-        has ended (`messages.Warm`), not beside it (see `job_process.live`).
+        has ended (`messages.Warm`), not beside it (see `job.process.live`).
         """
         slot = self.parking.take(spec.owner, spec.runtime)
         fresh = slot is None

@@ -3,7 +3,7 @@
 Most of a cold start is not loading the weights: it is starting Python and
 importing torch, transformers and nnsight (seconds, against tens of
 milliseconds to load a small model). A spare host has done all of that
-(`execution.host.prepare`: the server's worker environment applied, its
+(`execution.host.host.prepare`: the server's worker environment applied, its
 namespaces entered, the libraries and the allowed modules imported, and in
 the mapped design its template started and prepared too) and waits for the
 one message that names its model. A replica that starts takes a spare that
@@ -36,7 +36,7 @@ def start_host(env: dict[str, str], environ: dict[str, str]) -> Started:
     """Start a host with a clean environment and prepare it for ``environ`` (the worker's)."""
     ours, theirs = pair()
     host = subprocess.Popen(
-        [sys.executable, "-m", "nnhost.execution.host", str(theirs.fileno())],
+        [sys.executable, "-m", "nnhost.execution.host.host", str(theirs.fileno())],
         pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL, close_fds=True,
     )
     theirs.close()

@@ -328,21 +328,3 @@ class DirectoryStore:
 
     def on_loop(self) -> AsyncResultStore:
         return InPlaceResults(self)
-
-
-def open_result_store(
-    results: str, endpoint: Optional[str], *, spool: Path, signer: LinkSigner
-) -> ResultStore:
-    """The store a ``results`` setting names: ``s3://BUCKET[/PREFIX]`` or a directory.
-
-    ``spool`` is the local folder an S3 store stages workers' results in
-    before uploading them.
-    """
-    from .s3 import is_s3_url
-
-    if is_s3_url(results):
-        from .s3 import S3Store
-
-        return S3Store(results, endpoint=endpoint, spool=spool)
-    return DirectoryStore(Path(results), signer)
-
