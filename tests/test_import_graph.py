@@ -163,3 +163,23 @@ def test_each_room_says_what_runs_there_and_what_it_may_import():
         allowed = INWARD[name]
         named = {part for part in allowed if part != "."}
         assert all(f"`{part}`" in doc for part in named), (name, named, doc)
+
+
+def test_each_package_says_what_it_may_import_and_imports_nothing_else():
+    """Each folder of the package names, in its docstring, the parts of nnhost it may
+    import (in backticks); what its modules import is checked against that list."""
+    edges = graph()
+    packages = sorted(path.parent.name for path in PACKAGE.glob("*/__init__.py"))
+    wrong = []
+    for package in packages:
+        doc = ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text(encoding="utf-8"))) or ""
+        assert "May import:" in doc, f"{package}/__init__.py does not say what it may import"
+        allowed = doc.split("May import:", 1)[1]
+        for name, targets in edges.items():
+            if not name.startswith(f"nnhost.{package}.") and name != f"nnhost.{package}":
+                continue
+            for target in targets:
+                part = target.split(".")[1] if target.count(".") else target
+                if part != package and f"`{part}" not in allowed:
+                    wrong.append(f"{name} imports {target}, which {package}/'s docstring does not allow")
+    assert not wrong, "\n".join(sorted(wrong))

@@ -6,6 +6,9 @@ in the same room: ``status``, ``deploy``, ``evict``, ``jobs``, ``cancel`` talk
 to a running server over HTTP (`operate`); ``users``, ``keys`` and
 ``invites`` work on its database (`people`). This module only builds the
 parser and dispatches.
+
+May import: `app` (the composition root), `api`, `auth`, `db`, `models`, `storage`,
+`telemetry`, and the top-level modules (`config`, `runtimes`, `units`).
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ hand with ``alembic.op``), and tests/test_database.py checks that the result
 matches `tables` on both databases.
 
 Nothing here knows about jobs' rules, users' rights, or HTTP.
+
+May import: nothing else of nnhost (every other part keeps its records through it).
 """
 
 from .engine import Database, connect

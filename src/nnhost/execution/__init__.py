@@ -23,4 +23,8 @@ inward, from the processes to the layers:
 * `unpickling` — reading a request without letting it run anything on the way in;
 * `guard` — what keeps one process's jobs from seeing each other's traces:
   the model, process-wide state and fresh memory, checked and put back.
+
+May import: `models` (the catalog's model keys, adapters' files), and the
+top-level modules (`client_versions`, `runtimes`, `units`). Within, each
+sub-package's docstring says which of its siblings it may import.
 """

@@ -3,6 +3,8 @@
 The pages are Jinja2 templates with autoescaping on, one stylesheet, and one
 small script (the copy button); no inline script, so the pages can be served
 with a strict Content-Security-Policy.
+
+May import: the top-level modules (`units`); the pages' data comes from `api`.
 """
 
 from __future__ import annotations
