@@ -7,7 +7,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: install runtimes browser services postgres clients serve check test bench clean
+.PHONY: install runtimes browser services postgres clients serve check test bench docs clean
 
 install: $(VENV)/.installed runtimes browser
 
@@ -94,6 +94,11 @@ test: install services postgres clients
 
 bench: install
 	$(BIN)/python benchmarks/suite.py $(ARGS)
+
+# docs/configuration.md's tables of settings, rendered from their declarations in
+# src/nnhost/config.py (tests/test_settings_docs.py fails while they differ).
+docs: $(VENV)/.installed
+	$(BIN)/nnhost settings --write docs/configuration.md
 
 clean:
 	rm -rf $(VENV) $(CLIENTS) nnhost-data

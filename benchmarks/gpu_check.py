@@ -1,6 +1,6 @@
 """One check of nnhost on a GPU: parity, escapes that touch the GPU, and timings.
 
-Run it on a GPU host from a fresh checkout (see README "GPUs")::
+Run it on a GPU host from a fresh checkout (see docs/gpus.md)::
 
     python3 benchmarks/gpu_check.py                     # cuda:0, a ~1B GPT-2 in bf16
     python3 benchmarks/gpu_check.py --device cpu --small   # the same script end to end on the CPU

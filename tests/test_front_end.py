@@ -1,7 +1,7 @@
 """The deployment guide's nginx site in front of a real server: what uvicorn leaves to it.
 
 uvicorn does not bound how long a client may take to send a request's head,
-nor how many connections one address holds; the README says the front end
+nor how many connections one address holds; docs/security.md says the front end
 does, and the guide's site is the config it points to. These tests run that
 site as written (only the listen address, TLS and upstream changed, see
 `service_nginx`) and show that the unmodified nnsight client works through it,

@@ -25,6 +25,11 @@ import pytest
 from nnhost.testing import ServerProcess, free_port
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS = README.parent / "docs"
+#: The pages the README's operator reference moved to: the flags they name are checked
+#: as the README's are (docs/deploying.md has its own, stricter checks below).
+REFERENCE_PAGES = ("configuration", "models", "gpus", "accounts", "jobs-and-results",
+                   "observability", "security", "development", "benchmarks")
 API_KEY = "nnh_readme_" + "r" * 40
 DEMO_REPO = "nnhost/demo-gpt2"
 
@@ -39,12 +44,12 @@ def code_blocks(text: str, language: str) -> list[str]:
     return [body for lang, body in _FENCE.findall(text) if lang == language]
 
 
-def section(text: str, title: str) -> str:
+def section(text: str, title: str, page: str = "README.md") -> str:
     """The body of the ``## title`` section, up to the next ``## `` heading."""
     match = re.search(
         rf"^## {re.escape(title)}[ \t]*\n(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL
     )
-    assert match, f"README.md has no '## {title}' section"
+    assert match, f"{page} has no '## {title}' section"
     return match.group(1)
 
 
@@ -67,7 +72,8 @@ def _script_parser(name: str):
     return module.build_parser()
 
 
-def test_every_flag_named_exists_in_the_cli():
+def _known_flags() -> set[str]:
+    """The flags of nnhost's commands and of the benchmark scripts the README runs."""
     import argparse
 
     from nnhost.cli import build_parser
@@ -80,19 +86,55 @@ def test_every_flag_named_exists_in_the_cli():
             known.update(action.option_strings)
             if isinstance(action, argparse._SubParsersAction):
                 pending.extend(action.choices.values())
+    return known
+
+
+def _declared_flags(path: Path) -> set[str]:
+    """The flags a script declares with ``add_argument`` (read, not run: its imports are not ours)."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+            found.update(arg.value for arg in node.args
+                         if isinstance(arg, ast.Constant) and str(arg.value).startswith("--"))
+    return found
+
+
+def _flags_named(text: str) -> set[str]:
     # Ray's own command lines (`ray start ...`) name Ray's flags, not ours.
-    ours = "\n".join(line for line in readme_text().splitlines() if not line.lstrip().startswith("ray "))
-    named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", ours))
+    ours = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("ray "))
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", ours))
+
+
+def test_every_flag_named_exists_in_the_cli():
+    known = _known_flags()
+    named = _flags_named(readme_text())
     assert named, "expected the README to name some flags"
     assert named <= known, f"flags in README.md that nnhost does not have: {named - known}"
 
 
+@pytest.mark.parametrize("name", REFERENCE_PAGES)
+def test_every_flag_the_reference_names_exists(name):
+    """The operator reference in docs/ is held to the README's rule; it also names the
+    other benchmark scripts' flags and `nnhost runtimes`', read from their add_argument calls."""
+    known = _known_flags() | _declared_flags(README.parent / "src" / "nnhost" / "runtimes.py")
+    for script in sorted((README.parent / "benchmarks").glob("*.py")):
+        known |= _declared_flags(script)
+    named = _flags_named((DOCS / f"{name}.md").read_text(encoding="utf-8"))
+    assert named <= known, f"flags in docs/{name}.md that nnhost does not have: {named - known}"
+
+
 def test_every_setting_is_documented():
+    """The settings table moved to docs/configuration.md (rendered from the settings:
+    tests/test_settings_docs.py); the README links there."""
     from nnhost.config import Settings
 
-    configuration = section(readme_text(), "Configuration")
+    text = (DOCS / "configuration.md").read_text(encoding="utf-8")
+    configuration = section(text, "Every setting", "docs/configuration.md")
     missing = [name for name in Settings.model_fields if f"`{name}`" not in configuration]
-    assert not missing, f"settings missing from the Configuration section: {missing}"
+    assert not missing, f"settings missing from docs/configuration.md's table: {missing}"
+    assert "(docs/configuration.md)" in readme_text()
 
 
 # --- docs/deploying.md: every nnhost command, flag and setting it names -------------
@@ -172,7 +214,7 @@ def _nnhost_problems(tokens: list[str], root) -> list[str]:
 
 
 def test_deploying_guide_is_linked_from_the_readme():
-    assert "(docs/deploying.md)" in section(readme_text(), "Past one machine")
+    assert "(docs/deploying.md)" in section(readme_text(), "Where to go next")
 
 
 def test_deploying_guide_nnhost_commands_exist():

@@ -15,8 +15,11 @@ To add a setting, add one field to `Settings`: its type (sizes use `Size`,
 durations `Duration`), default and ``description``, plus `Flag()` in its
 ``Annotated`` when ``nnhost serve`` should take it on the command line too (the
 flag, its help and its parsing are generated from the field: `nnhost.cli.flags`).
-Then add a line to README's Configuration table. Checks that involve two
-settings go in `Settings._together`, one place.
+Where the default is worked out at start (from this machine or installation),
+`Shown` says what the documentation shows instead. Then run ``make docs``: the
+tables of docs/configuration.md are rendered from these declarations
+(`nnhost.cli.settings_docs`), and a test fails while they differ. Checks that
+involve two settings go in `Settings._together`, one place.
 """
 
 from __future__ import annotations
@@ -107,6 +110,24 @@ def flag_of(field: FieldInfo) -> Optional[Flag]:
     return next((item for item in field.metadata if isinstance(item, Flag)), None)
 
 
+@dataclass(frozen=True)
+class Shown:
+    """What ``--help`` and docs/configuration.md show as a setting's default.
+
+    For a default that is a placeholder (None, 0) or is worked out at start
+    from this machine or installation, so that its value here would mislead
+    or differ from one machine to the next. Markdown: backticks mark a value
+    (``--help`` shows the text without them).
+    """
+
+    default: str
+
+
+def shown_of(field: FieldInfo) -> Optional[Shown]:
+    """The `Shown` a field carries, or None when its default is shown as it is."""
+    return next((item for item in field.metadata if isinstance(item, Shown)), None)
+
+
 class ModelEntry(BaseModel):
     """One ``[[model]]`` table of nnhost.toml: a model served, and how it is loaded.
 
@@ -136,13 +157,17 @@ class ModelEntry(BaseModel):
         default_factory=list, description="The GPUs a device_map strategy may use."
     )
     quantization: Optional[str] = Field(
-        None, description="Hold the weights quantized: nf4, int4, fp4, int8 or fp8."
+        None,
+        description="Hold the weights quantized, in nnsight 0.8.1's names: nf4, int4, fp4, int8 or "
+        "fp8 (needs bitsandbytes or a GPU).",
     )
     replicas: int = Field(1, ge=1, description="Replicas a HOT deployment keeps (its minimum).")
     max_replicas: Optional[int] = Field(
         None, ge=1, description="The most replicas it may grow to while jobs wait."
     )
-    deploy: Literal["hot", "warm", "cold"] = Field("hot", description="Its level at start.")
+    deploy: Literal["hot", "warm", "cold"] = Field(
+        "hot", description="Its level at start; a cold model is deployed on its first request."
+    )
     load_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword arguments for the model class at load."
     )
@@ -191,7 +216,7 @@ class AllowEntry(BaseModel):
 
 
 class Settings(BaseSettings):
-    """Every knob of the server: see README's Configuration table for what each does."""
+    """Every knob of the server: docs/configuration.md's table (rendered from here) says what each does."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -200,20 +225,26 @@ class Settings(BaseSettings):
         validate_default=True,
     )
 
-    host: Annotated[str, Flag()] = Field("127.0.0.1", description="Address to bind.")
-    port: Annotated[int, Flag()] = Field(8001, ge=1, le=65535, description="Port to bind.")
-    data_dir: Annotated[Path, Flag()] = Field(
-        Path("./nnhost-data"), description="Where the database, results and model cache live (default ./nnhost-data).",
+    host: Annotated[str, Flag()] = Field(
+        "127.0.0.1", description="Address to bind; 0.0.0.0 accepts connections from other machines."
     )
-    database: Annotated[Optional[str], Flag(metavar="URL")] = Field(
+    port: Annotated[int, Flag()] = Field(8001, ge=1, le=65535, description="Port to bind.")
+    data_dir: Annotated[Path, Flag(), Shown("`./nnhost-data`")] = Field(
+        Path("./nnhost-data"),
+        description="Where the database, request payloads, results and (unless HF_HOME is set) "
+        "the model cache live.",
+    )
+    database: Annotated[Optional[str], Flag(metavar="URL"), Shown("`DATA_DIR/nnhost.sqlite3`")] = Field(
         None,
-        description="Where jobs, users and keys are kept: sqlite:///PATH or "
-        "postgresql://USER:PASSWORD@HOST/NAME (default: the SQLite file DATA_DIR/nnhost.sqlite3).",
+        description="Where jobs, users and keys are kept: sqlite:///PATH, or "
+        "postgresql://USER:PASSWORD@HOST:PORT/NAME for a PostgreSQL server (through psycopg 3 "
+        "and a connection pool).",
     )
     # On the command line: the positional MODEL_IDs of `nnhost serve`.
     models: Names = Field(
         default_factory=list,
-        description='Repo ids served (each may be "org/name" or "org/name@revision").',
+        description='Repo ids served (each may be "org/name" or "org/name@revision"); on the '
+        "command line, the MODEL_IDs of nnhost serve.",
     )
     demo: Annotated[bool, Flag()] = Field(False, description="Build and serve the offline demo model.")
     api_key: Annotated[Optional[str], Flag()] = Field(
@@ -221,46 +252,59 @@ class Settings(BaseSettings):
     )
     public_url: Annotated[Optional[str], Flag()] = Field(
         None,
-        description="Public base URL clients reach the server at, for result links behind a "
-        "proxy (else taken from the request).",
+        description="Public base URL clients reach the server at, when that is not the address "
+        "it binds (behind a proxy, say): result links and the printed export lines use it (else "
+        "taken from the request).",
     )
     time_limit: Annotated[Duration, Flag()] = Field(
-        3600.0, gt=0, description="How long one request may run: seconds, or e.g. 30m."
+        3600.0,
+        gt=0,
+        description="How long one request may run (more than 0): seconds, or e.g. 30m. Past it "
+        "the request is interrupted and the user gets an error saying so.",
     )
     kill_grace: Annotated[Duration, Flag()] = Field(
         10.0,
-        description="Seconds past the time limit before a worker that ignores the interrupt "
-        "is killed.",
+        description="Seconds past the time limit before code that ignores the interrupt is "
+        "killed (and its worker restarted).",
     )
     job_start_timeout: Duration = Field(
         120.0,
         gt=0,
         description="Seconds a replica waits for a job process it asked for to be ready (forked, "
-        "contained, its weights bound) before it reports itself unhealthy.",
+        "contained, its weights bound). Past it the replica reports itself unhealthy, the server "
+        "log shows what each waiting process was doing, and the model is started afresh; after 3 "
+        "such starts the jobs waiting for it end with an ERROR that says why (the next request "
+        "tries again).",
     )
     inline_result_bytes: Size = Field(
         1 * MiB,
         description="Results up to this size ride inline on the websocket; larger ones go by link.",
     )
     max_result_bytes: Size = Field(4096 * MiB, description="Largest result kept (0: no limit).")
-    max_request_bytes: Size = Field(256 * MiB, description="Largest request body accepted.")
+    max_request_bytes: Size = Field(
+        256 * MiB, description="Largest request body accepted (a larger one gets 413, unread)."
+    )
     result_retention: Duration = Field(
         24 * 3600.0, description="Seconds a result (and the job's LOG lines) stays downloadable."
     )
-    results: Annotated[Optional[str], Flag(metavar="DIR|s3://BUCKET[/PREFIX]")] = Field(
+    results: Annotated[
+        Optional[str], Flag(metavar="DIR|s3://BUCKET[/PREFIX]"), Shown("`DATA_DIR/results`")
+    ] = Field(
         None,
-        description="Where results are kept: a directory (default DATA_DIR/results; one all "
-        "machines share, in a cluster) or s3://BUCKET[/PREFIX] (credentials from the AWS "
-        "environment).",
+        description="Where results are kept: a directory (in a cluster, one all machines "
+        "share) or s3://BUCKET[/PREFIX] (credentials from the AWS environment).",
     )
-    results_endpoint: Annotated[Optional[str], Flag(metavar="URL")] = Field(
-        None, description="URL of an S3-compatible endpoint for s3:// results (default: AWS's own)."
+    results_endpoint: Annotated[Optional[str], Flag(metavar="URL"), Shown("none (AWS)")] = Field(
+        None,
+        description="URL of an S3-compatible endpoint (MinIO, Ceph, ...) for s3:// results, e.g. "
+        "http://minio:9000.",
     )
     jobs_at_once: Annotated[int, Flag()] = Field(
         0,
         ge=0,
-        description="Jobs one replica runs at once where each job has a process of its own "
-        "(0: chosen from the cores; one process for every job runs one at a time).",
+        description="Jobs one replica runs at once, each in its own process (0: half the cores, "
+        "at least 2, for a model on the CPU; 1 on an accelerator, where each job's activations "
+        "take the device's memory). Trusted mode, one process for every job, runs one at a time.",
     )
     jobs_per_process: Annotated[int, Flag()] = Field(
         50,
@@ -271,19 +315,30 @@ class Settings(BaseSettings):
     torch_threads: Annotated[int, Flag()] = Field(
         0,
         ge=0,
-        description="Threads torch may use in each job (0: the cores less one, split between "
-        "the replicas).",
+        description="Threads torch may use in each job (0: the cores less one for the API, "
+        "split between all the jobs the replicas run at once, at least 1 each, so that jobs under "
+        "load do not oversubscribe the cores).",
     )
     max_log_lines: int = Field(
-        10_000, ge=0, description="Largest number of LOG lines kept and forwarded from one job."
+        10_000,
+        ge=0,
+        description="Largest number of LOG lines kept and forwarded from one job; past it, one "
+        "notice line says the rest was dropped.",
     )
     max_log_bytes: Size = Field(
-        1 * MiB, description="Largest total size of the LOG lines kept and forwarded from one job."
+        1 * MiB,
+        description="Largest total size of the LOG lines kept and forwarded from one job; past "
+        "it, one notice line says the rest was dropped.",
     )
-    client_versions: Names = Field(
+    client_versions: Annotated[
+        Names,
+        Shown("every version this installation serves: `0.8.1`, and `0.8.0`, `0.7.0`, `0.6.3` "
+              "once their runtimes are built"),
+    ] = Field(
         default_factory=lambda: list(served_client_versions()),
         description="nnsight client versions served, each with the code of its own version; any "
-        "other is refused, naming these (default: every version this installation serves).",
+        "other is refused with text naming these and the pip install nnsight==... that works (a "
+        "release's pre-, post- and dev releases are its own).",
     )
     runtime_idle_seconds: Duration = Field(
         600.0,
@@ -297,12 +352,13 @@ class Settings(BaseSettings):
     )
     catalog: Annotated[list[ModelEntry], BeforeValidator(_json)] = Field(
         default_factory=list,
-        description="Models from nnhost.toml's [[model]] tables (load options per model).",
+        description="Models served, with their load options, from nnhost.toml's [[model]] tables.",
     )
     allow: Annotated[list[AllowEntry], BeforeValidator(_json)] = Field(
         default_factory=list,
         description="Models fetched from the Hub (HF_ENDPOINT, HF_TOKEN) on first request, from "
-        "nnhost.toml's [[allow]] tables (repo-id pattern, max_size, dtype, device).",
+        "nnhost.toml's [[allow]] tables (repo-id pattern, max_size, dtype, device; see Models on "
+        "demand in docs/deploying.md).",
     )
     download_budget: Size = Field(
         0,
@@ -314,24 +370,27 @@ class Settings(BaseSettings):
     ] = Field(
         default_factory=dict,
         description="Memory HOT models may use per device, e.g. cpu=8GiB (as a flag: repeatable), "
-        'held as bytes. A device not listed is unbounded; "cpu" defaults to 80% of this '
-        "machine's memory.",
+        'held as bytes. Not listed, "cpu" gets 80% of this machine\'s memory and a GPU a model '
+        "uses 90% of its free memory (asked at start); any other device is unbounded.",
     )
     memory_margin: float = Field(
-        0.25, ge=0, description="Extra memory reserved per replica on top of its weights."
+        0.25,
+        ge=0,
+        description="Extra memory reserved per replica on top of its weights, as a fraction of "
+        "them (for activations, the KV cache and slack).",
     )
     allow_trust_remote_code: bool = Field(
         False, description="Allow catalog models that need trust_remote_code."
     )
     scale_down_after: Duration = Field(
         300.0,
-        description="Seconds an extra replica (beyond a model's replicas) stays idle before it "
-        "is stopped.",
+        description="Seconds an extra replica (beyond a model's replicas, up to its max_replicas) "
+        "stays idle before it is stopped.",
     )
     scale_up_after: Duration = Field(
         5.0,
         description="Seconds a model's oldest queued job waits before another replica is "
-        "started (up to its max_replicas, where there is room).",
+        "started (up to its max_replicas, where a device or Ray node has room).",
     )
     shutdown_grace: Duration = Field(
         30.0,
@@ -341,10 +400,10 @@ class Settings(BaseSettings):
     auth: Annotated[Literal["keys", "none"], Flag()] = Field(
         "keys",
         description="'keys': every API call needs a key. 'none': no API keys, every request is "
-        "the local admin (loopback only).",
+        "the local admin; refused on a non-loopback address unless allow_insecure is set.",
     )
     allow_insecure: Annotated[bool, Flag()] = Field(
-        False, description="Allow --auth none on a non-loopback address."
+        False, description="Allow auth none (--auth none) on a non-loopback address."
     )
     signup: Annotated[Literal["open", "invite", "closed"], Flag()] = Field(
         "open",
@@ -354,12 +413,14 @@ class Settings(BaseSettings):
     cluster: Annotated[Optional[str], Flag(metavar="ADDRESS")] = Field(
         None,
         description="Where replicas run: none (processes on this machine), or a Ray cluster: "
-        "auto, or its address (HOST:PORT).",
+        "auto (the one this machine is in), or its address (HOST:PORT). Needs pip install "
+        "nnhost[cluster].",
     )
     events: Annotated[Optional[str], Flag(metavar="URL")] = Field(
         None,
         description="Where job updates travel between processes: none (in this process) or "
-        "Redis (redis://HOST:PORT), for several API processes.",
+        "Redis (redis://HOST:PORT[/DB], rediss://... or unix://PATH), so that a websocket on one "
+        "API process gets the updates another publishes. Needed by role api and controller.",
     )
     role: Annotated[Literal["all", "api", "controller"], Flag()] = Field(
         "all",
@@ -376,14 +437,14 @@ class Settings(BaseSettings):
     session_ttl: Duration = Field(14 * 24 * 3600.0, description="Seconds a web login lasts.")
     limits: Annotated[dict[str, Any], BeforeValidator(_json)] = Field(
         default_factory=dict,
-        description="Per-tag limits, from nnhost.toml's [limits.TAG] tables (see "
-        "nnhost.auth.limits); as an environment variable, a JSON object.",
+        description="Per-tag limits, from nnhost.toml's [limits.TAG] tables; as an environment "
+        "variable, a JSON object.",
     )
     auth_failure_limit: int = Field(
         30,
         ge=0,
         description="Failed API key (or password) attempts one client address may make per "
-        "window before its further failures are refused (a valid key still works).",
+        "window before its further failures get 429 (a valid key always works).",
     )
     auth_failure_window: Duration = Field(300.0, description="Seconds of that window.")
     signups_per_address: int = Field(
@@ -432,25 +493,28 @@ class Settings(BaseSettings):
     forwarded_allow_ips: Annotated[Names, Flag(metavar="ADDRESSES")] = Field(
         default_factory=list,
         description="Proxies whose X-Forwarded-For / X-Forwarded-Proto headers are believed "
-        '(addresses or networks, comma-separated, or "*"; default none).',
+        '(addresses or networks, comma-separated, or "*"). None by default, loopback included: '
+        "without it a client's address is the one that connected.",
     )
     containment: bool = Field(
         True,
         description="Contain user code (restricted unpickling, import allowlist, read-only "
-        'weights, OS-level layers; see README "Security"). false only for trusted deployments.',
+        "weights, OS-level layers; see docs/security.md). false only for trusted deployments.",
     )
     execution: Literal["auto", "fork", "mapped"] = Field(
         "auto",
         description='How contained jobs run: "fork" (each job\'s process forked from the process '
         'holding the weights), "mapped" (forked from a template without weights, mapping them '
-        'by handle; see docs), or "auto" (fork on the CPU).',
+        'by handle), or "auto" (fork on the CPU; an accelerator runs its jobs in-process). See '
+        "docs/security.md.",
     )
     spare_hosts: int = Field(
         1,
         ge=0,
         le=8,
-        description="Host processes kept started and prepared (libraries imported) so that a "
-        "cold start only loads the weights; each holds a few hundred MB of memory (0: none).",
+        description="Host processes kept started and prepared (libraries imported, and in the "
+        "mapped design their template too) so that a cold start only loads the weights; each "
+        "holds a few hundred MB of memory (0: none).",
     )
     allowed_imports: Names = Field(
         default_factory=lambda: list(DEFAULT_ALLOWED_IMPORTS),
@@ -473,7 +537,8 @@ class Settings(BaseSettings):
     unsafe_test_hooks: bool = Field(
         False,
         description="TESTS ONLY, never in production: a job's process runs raw, unrestricted "
-        "Python prefixed to a payload (the isolation tests play a user who beat the sandbox).",
+        "Python prefixed to a payload (tests/security/test_isolation.py plays a user who beat "
+        "the sandbox).",
     )
 
     @field_validator("client_versions")

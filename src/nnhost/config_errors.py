@@ -36,7 +36,7 @@ def unknown_environment(environ: Mapping[str, str], fields: Iterable[str]) -> li
         hint = f"; did you mean {guess[0]}?" if guess else ""
         problems.append(
             f"environment variable {name}={environ[name]!r} is not a setting{hint} "
-            f"(NNHOST_ variables name settings: see the table in README's Configuration)"
+            f"(NNHOST_ variables name settings: see the table in docs/configuration.md)"
         )
     return problems
 
@@ -194,7 +194,7 @@ def describe(
         hint = f"did you mean {guess[0]!r}? " if guess else ""
         return (
             f"unknown setting {key!r} = {value!r} (in {origin(key)}); {hint}"
-            "the settings are listed in README's Configuration table"
+            "the settings are listed in docs/configuration.md"
         )
     if key in TABLES and len(location) >= 2:
         return _table_entry(error, location, origin, table_keys.get(key, ()))

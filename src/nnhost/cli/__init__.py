@@ -4,8 +4,9 @@
 builds (once) and serves the offline demo model. The operator's commands are
 in the same room: ``status``, ``deploy``, ``evict``, ``jobs``, ``cancel`` talk
 to a running server over HTTP (`operate`); ``users``, ``keys`` and
-``invites`` work on its database (`people`). This module only builds the
-parser and dispatches.
+``invites`` work on its database (`people`). ``settings`` prints every setting
+as the Markdown tables of docs/configuration.md (`settings_docs`). This module
+only builds the parser and dispatches.
 
 May import: `app` (the composition root), `api`, `auth`, `db`, `models`, `storage`,
 `telemetry`, and the top-level modules (`config`, `runtimes`, `units`).
@@ -29,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve", help="Run the server.",
         description="Run the server. Each flag below but --config and --log-level is a setting "
-        "(README's Configuration): a flag given wins over NNHOST_* variables, which win over "
+        "(docs/configuration.md): a flag given wins over NNHOST_* variables, which win over "
         "nnhost.toml.",
     )
     serve.add_argument(
@@ -60,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .people import register as register_account_commands
 
     register_account_commands(commands)  # users, keys, invites
+
+    from .settings_docs import register as register_settings_command
+
+    register_settings_command(commands)
     return parser
 
 

@@ -20,7 +20,7 @@ from typing import Any, Collection, Iterator, Literal, Optional, Union, get_args
 from pydantic import BeforeValidator
 from pydantic.fields import FieldInfo
 
-from ..config import Flag, Settings, flag_of
+from ..config import Flag, Settings, flag_of, shown_of
 from ..units import format_duration, format_size, parse_duration, parse_size
 
 
@@ -52,6 +52,9 @@ def _bare(annotation: Any) -> Any:
 
 def _shown_default(field: FieldInfo) -> str:
     """The default as ``--help`` shows it; "" when there is none worth showing."""
+    shown = shown_of(field)
+    if shown is not None:
+        return shown.default.replace("`", "")
     default = field.get_default(call_default_factory=True)
     if default is None or default is False or default == [] or default == {}:
         return ""

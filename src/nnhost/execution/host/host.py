@@ -25,7 +25,7 @@ each maps the weights. So the process that holds the weights has never had a
 job's process as its child.
 
 In **trusted mode** (``containment = false``) and on accelerators, where a
-CUDA context cannot cross a fork (see the README's Security section), the host
+CUDA context cannot cross a fork (see docs/security.md), the host
 runs the jobs itself, one after another, as a reusable slot; there the
 integrity guard restores what a job changed.
 
