@@ -37,11 +37,12 @@ def option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _parsers(field: FieldInfo) -> list[Any]:
+def parsers(field: FieldInfo) -> list[Any]:
+    """The parsers a setting's declaration runs on its raw value (`units.parse_size`, ...)."""
     return [item.func for item in field.metadata if isinstance(item, BeforeValidator)]
 
 
-def _bare(annotation: Any) -> Any:
+def without_none(annotation: Any) -> Any:
     """``Optional[X]`` as ``X``."""
     if get_origin(annotation) is Union:
         kinds = [kind for kind in get_args(annotation) if kind is not type(None)]
@@ -58,9 +59,9 @@ def _shown_default(field: FieldInfo) -> str:
     default = field.get_default(call_default_factory=True)
     if default is None or default is False or default == [] or default == {}:
         return ""
-    if parse_size in _parsers(field):
+    if parse_size in parsers(field):
         return format_size(default)
-    if parse_duration in _parsers(field):
+    if parse_duration in parsers(field):
         return format_duration(default)
     return str(default)
 
@@ -82,7 +83,7 @@ def add_setting_flags(
     if missing:
         raise ValueError(f"no setting marked Flag() is called {', '.join(sorted(missing))}")
     for name, field, flag in setting_flags(only):
-        kind = _bare(field.annotation)
+        kind = without_none(field.annotation)
         options: dict[str, Any] = {"dest": name, "default": None, "help": help_text(field)}
         if kind is bool:
             options["action"] = "store_true"
@@ -93,7 +94,7 @@ def add_setting_flags(
                 options["choices"] = list(get_args(kind))
             elif get_origin(kind) is dict:
                 options["action"] = "append"
-            elif kind is int and not _parsers(field):
+            elif kind is int and not parsers(field):
                 options["type"] = int
         parser.add_argument(option(name), **options)
 

@@ -27,6 +27,7 @@ from pydantic.fields import FieldInfo
 
 from ..config import AllowEntry, ModelEntry, Settings, flag_of, shown_of
 from ..units import format_duration, format_size, parse_duration, parse_size
+from .flags import parsers, without_none
 
 #: Each table docs/configuration.md holds: its marker name and the declarations it renders.
 TABLES: dict[str, type[BaseModel]] = {
@@ -37,18 +38,6 @@ TABLES: dict[str, type[BaseModel]] = {
 
 #: The command that brings docs/configuration.md's tables up to date.
 REGENERATE = "make docs"
-
-
-def _parsers(field: FieldInfo) -> list[Any]:
-    return [item.func for item in field.metadata if isinstance(item, BeforeValidator)]
-
-
-def _without_none(annotation: Any) -> Any:
-    if get_origin(annotation) is Union:
-        kinds = [kind for kind in get_args(annotation) if kind is not type(None)]
-        if len(kinds) == 1:
-            return kinds[0]
-    return annotation
 
 
 def _code(text: str) -> str:
@@ -73,11 +62,11 @@ def _bounds(field: FieldInfo) -> str:
 
 def value_kind(field: FieldInfo) -> str:
     """What a field takes, in words: a size, a duration, one of some choices, a list..."""
-    parsers = _parsers(field)
-    kind = _without_none(field.annotation)
-    if parse_size in parsers:
+    declared = parsers(field)
+    kind = without_none(field.annotation)
+    if parse_size in declared:
         return "size"
-    if parse_duration in parsers:
+    if parse_duration in declared:
         return "duration"
     if kind is bool:
         return "boolean"
@@ -118,14 +107,14 @@ def default_text(field: FieldInfo) -> str:
     if field.is_required():
         return "required"
     default = field.get_default(call_default_factory=True)
-    parsers = _parsers(field)
+    declared = parsers(field)
     if default is None:
         return "none"
     if isinstance(default, bool):
         return _code(str(default).lower())
-    if parse_size in parsers:
+    if parse_size in declared:
         return _code(format_size(default) if default else "0")
-    if parse_duration in parsers:
+    if parse_duration in declared:
         return _code(format_duration(default) if default else "0")
     if isinstance(default, list):
         return _code(", ".join(str(item) for item in default)) if default else _code("[]")
