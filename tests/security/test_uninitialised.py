@@ -185,7 +185,7 @@ def test_the_seal_and_the_fingerprint_see_what_the_mode_does_not(test_snapshot):
 
 
 def test_the_fingerprint_needs_no_temporaries_the_size_of_the_tensor():
-    from nnhost.execution.weights.cpu import cpu as weights
+    from nnhost.execution.weights import cpu as weights
 
     tensor = torch.randn(1000, 37).to(torch.bfloat16)
     assert weights.fingerprint(tensor, chunk=1000) == weights.fingerprint(tensor.clone(), chunk=1000)
