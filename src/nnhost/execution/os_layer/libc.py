@@ -6,7 +6,7 @@ adds (`job_layers`). Each wrapper raises `OSError` with the call's errno when
 the kernel refuses.
 
 It must never decide what to mount, hide or drop: it only makes the calls it is
-asked to make, and never swallows a failure.
+asked to make, and never swallows a failure (but `die_with_parent`'s, said there).
 """
 
 from __future__ import annotations
@@ -69,10 +69,10 @@ def die_with_parent() -> None:
     restarted server would run it again.
     """
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        prctl("prctl(PDEATHSIG)", PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
-        pass  # not Linux: the pipe's EOF still ends the worker after its job
+        # The one call here whose failure is let go: not Linux, and the pipe's
+        # EOF still ends the worker after its job.
+        pass
     if os.getppid() == 1:
         sys.exit(0)  # the parent died before we could ask
