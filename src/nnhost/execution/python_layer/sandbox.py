@@ -41,6 +41,7 @@ from __future__ import annotations
 import ast
 import builtins as _builtins
 import dis
+import functools
 import sys
 import types
 from dataclasses import dataclass, field
@@ -200,13 +201,7 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-#: `check_source`'s verdicts (None, or the refusal's text) by everything it reads. A
-#: user's loop of traces ships the same sources to the same job process each time,
-#: and parsing and walking them is a large part of reading a small request. The
-#: verdict is a function of its key alone, so a remembered one is the same verdict.
-_VERDICTS: dict[tuple[str, str, SandboxPolicy, str], Optional[str]] = {}
-_VERDICTS_HELD = 256
-#: Longer sources are checked every time rather than held.
+#: Longer sources are checked every time rather than remembered (`_remembered_verdict`).
 _VERDICT_SOURCE_CHARS = 1 << 16
 
 
@@ -219,14 +214,8 @@ def check_source(source: str, filename: str, policy: SandboxPolicy, syntax_note:
     """
     if not policy.enabled:
         return
-    key = (source, filename, policy, syntax_note)
-    verdict = _VERDICTS.get(key, "")
-    if verdict == "":
-        verdict = _verdict(source, filename, policy, syntax_note)
-        if len(source) <= _VERDICT_SOURCE_CHARS:
-            if len(_VERDICTS) >= _VERDICTS_HELD:
-                del _VERDICTS[next(iter(_VERDICTS))]
-            _VERDICTS[key] = verdict
+    judge = _remembered_verdict if len(source) <= _VERDICT_SOURCE_CHARS else _verdict
+    verdict = judge(source, filename, policy, syntax_note)
     if verdict is not None:
         raise SandboxViolation(verdict)
 
@@ -245,6 +234,13 @@ def _verdict(source: str, filename: str, policy: SandboxPolicy, syntax_note: str
         for line, message in sorted(dict.fromkeys(checker.problems))
     )
     return "Your request uses something this server does not allow:\n" + lines
+
+
+#: `_verdict` remembered by everything it reads. A user's loop of traces ships the
+#: same sources to the same job process each time, and parsing and walking them is
+#: a large part of reading a small request; the verdict is a function of its
+#: arguments alone, so a remembered one is the same verdict.
+_remembered_verdict = functools.lru_cache(maxsize=256)(_verdict)
 
 
 # --- the builtins user code runs with ---------------------------------------------
