@@ -37,9 +37,11 @@ def option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def parsers(field: FieldInfo) -> list[Any]:
-    """The parsers a setting's declaration runs on its raw value (`units.parse_size`, ...)."""
-    return [item.func for item in field.metadata if isinstance(item, BeforeValidator)]
+def parsers(declared: FieldInfo | Any) -> list[Any]:
+    """The parsers a declaration runs on its raw value (`units.parse_size`, ...): a field's,
+    or an ``Annotated`` type's (a dict's item type)."""
+    metadata = declared.metadata if isinstance(declared, FieldInfo) else getattr(declared, "__metadata__", ())
+    return [item.func for item in metadata if isinstance(item, BeforeValidator)]
 
 
 def without_none(annotation: Any) -> Any:

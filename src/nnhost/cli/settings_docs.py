@@ -22,12 +22,12 @@ import sys
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, BeforeValidator
+from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from ..config import AllowEntry, ModelEntry, Settings, flag_of, shown_of
 from ..units import format_duration, format_size, parse_duration, parse_size
-from .flags import parsers, without_none
+from .flags import option, parsers, without_none
 
 #: Each table docs/configuration.md holds: its marker name and the declarations it renders.
 TABLES: dict[str, type[BaseModel]] = {
@@ -86,9 +86,7 @@ def value_kind(field: FieldInfo) -> str:
         return "list"
     if origin is dict:
         _key, item = get_args(kind) or (Any, Any)
-        item_parsers = [meta.func for meta in getattr(item, "__metadata__", ())
-                        if isinstance(meta, BeforeValidator)]
-        return "table of sizes" if parse_size in item_parsers else "table"
+        return "table of sizes" if parse_size in parsers(item) else "table"
     if origin is Union:
         return " or ".join(_part_kind(part) for part in get_args(kind) if part is not type(None))
     return "text"
@@ -143,7 +141,7 @@ def render(model: type[BaseModel]) -> str:
         row = [_code(name)]
         if is_settings:
             flag = flag_of(field)
-            row.append(_code("--" + name.replace("_", "-")) if flag is not None else "")
+            row.append(_code(option(name)) if flag is not None else "")
             row.append(_code(prefix + name.upper()))
         row += [value_kind(field), default_text(field), (field.description or "").strip()]
         rows.append([_cell(cell) for cell in row])
